@@ -1,0 +1,14 @@
+//! The machine side of mtmc: what is installed, and running Python tools.
+//!
+//! - [`python`]: finding the Python interpreter that has torch;
+//! - [`probe`]: what `mtmc doctor` reports (GPU and driver, NVRTC, Python
+//!   packages), each with the fix when it is missing;
+//! - [`tracer`]: running the graph tracer (`python/trace_graph.py`, shipped
+//!   inside the binary) on KernelBench problems.
+//!
+//! Architecture invariant: nothing here panics when a library, a GPU or an
+//! interpreter is missing; every probe returns what it found or why not.
+
+pub mod probe;
+pub mod python;
+pub mod tracer;

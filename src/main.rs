@@ -1,0 +1,137 @@
+//! mtmc: a macro-thinking / micro-coding engine that writes fast GPU kernels.
+//!
+//! This binary is thin: it parses flags, wires the library crates together
+//! and prints results. See ARCHITECTURE.md for the map.
+
+mod cmd;
+mod fmt;
+mod source;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+/// Writes fast GPU kernels for KernelBench problems and intent descriptions.
+#[derive(Parser)]
+#[command(name = "mtmc", version, about, long_about = None)]
+struct Cli {
+    /// KernelBench problems: a problems.jsonl or a KernelBench checkout.
+    /// Without it, the 200 shared problems whose traces are built in.
+    #[arg(long, global = true, env = source::KERNELBENCH_ENV, value_name = "PATH")]
+    kernelbench: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List problems: level, name, op classes, FLOPs and minimum bytes.
+    Problems {
+        /// Only this level (1, 2, 3 or 4).
+        #[arg(long)]
+        level: Option<u32>,
+    },
+    /// Show a problem's (or an intent's) op graph, per-node FLOPs and bytes,
+    /// and its roofline time on H100 and H200.
+    Show {
+        /// A problem: `L2/1`, `L2/1_Conv2D_ReLU_BiasAdd` or a file name.
+        #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
+        problem: Option<String>,
+        /// An intent program, e.g. "y = gelu(x @ w + b)"; `;` separates statements.
+        #[arg(long, conflicts_with = "intent_file")]
+        intent: Option<String>,
+        /// A file holding an intent program.
+        #[arg(long, value_name = "FILE")]
+        intent_file: Option<PathBuf>,
+        /// Shapes of undeclared intent inputs: x=4096x4096,w=4096x4096,b=4096.
+        #[arg(long, value_name = "NAME=DIMS,...")]
+        shape: Option<String>,
+        /// Element type of undeclared intent inputs (f16, bf16, f32, f64).
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// Only this device (H100 or H200).
+        #[arg(long)]
+        device: Option<String>,
+    },
+    /// Check the GPU and driver, NVRTC, and Python with torch, triton and cupy.
+    Doctor,
+}
+
+fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
+    let kb = cli.kernelbench.as_deref();
+    match cli.command {
+        Command::Problems { level } => cmd::problems::run(out, kb, level),
+        Command::Show {
+            problem,
+            intent,
+            intent_file,
+            shape,
+            dtype,
+            device,
+        } => {
+            let subject = match (problem.as_deref(), intent, intent_file) {
+                (Some(name), _, _) => cmd::show::Subject::Problem {
+                    kernelbench: kb,
+                    name,
+                },
+                (None, text, file) => {
+                    let (text, origin) = match (text, file) {
+                        (Some(t), _) => (t, "--intent".to_string()),
+                        (None, Some(f)) => (
+                            std::fs::read_to_string(&f).with_context(|| {
+                                format!("cannot read intent file `{}`", f.display())
+                            })?,
+                            format!("{}", f.display()),
+                        ),
+                        (None, None) => unreachable!("clap requires a problem or an intent"),
+                    };
+                    let shapes = match shape {
+                        Some(s) => mtmc_actions::intent::parse_shapes(&s)?,
+                        None => Default::default(),
+                    };
+                    let dtype = mtmc_actions::DType::parse(&dtype).with_context(|| {
+                        format!("--dtype `{dtype}` is not a type (use f16, bf16, f32 or f64)")
+                    })?;
+                    cmd::show::Subject::Intent {
+                        text,
+                        origin,
+                        bindings: mtmc_actions::intent::Bindings {
+                            shapes,
+                            dtype: Some(dtype),
+                        },
+                    }
+                }
+            };
+            cmd::show::run(out, subject, device.as_deref())
+        }
+        Command::Doctor => cmd::doctor::run(out),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut out = std::io::stdout().lock();
+    let result = run(cli, &mut out).and_then(|()| Ok(out.flush()?));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`mtmc show … | head`): not an error.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the context chain, outermost first.
+            let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
