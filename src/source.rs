@@ -13,9 +13,9 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use mtmc_actions::OpGraph;
 use mtmc_actions::import::{Trace, import_trace, parse_trace};
 use mtmc_actions::problem::{self, Problem};
-use mtmc_actions::OpGraph;
 use sha2::{Digest, Sha256};
 
 /// The traces of the shared KernelBench problems, regenerated with
@@ -183,10 +183,9 @@ impl Problems {
             }
             let traced = traced.context("cannot trace the problem's graph")?;
             for (&i, text) in missing.iter().zip(traced) {
-                if let Some(dir) = &cache {
-                    if text.contains("\"status\": \"ok\"") {
-                        store(dir, &self.hash(problems[i]), &text);
-                    }
+                let ok = parse_trace(&text).is_ok_and(|t| t.status == "ok");
+                if let (Some(dir), true) = (&cache, ok) {
+                    store(dir, &self.hash(problems[i]), &text);
                 }
                 texts[i] = Some(text);
             }
@@ -253,7 +252,11 @@ fn load_checkout(root: &Path) -> Result<Vec<Problem>> {
             if path.extension().is_none_or(|e| e != "py") {
                 continue;
             }
-            let file = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let file = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
             let code = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read `{}`", path.display()))?;
             match problem::problem_from_file(level, &file, code) {
@@ -264,7 +267,10 @@ fn load_checkout(root: &Path) -> Result<Vec<Problem>> {
     }
     problem::check_unique(&out)?;
     if out.is_empty() {
-        bail!("`{}` has level folders but no problem files", base.display());
+        bail!(
+            "`{}` has level folders but no problem files",
+            base.display()
+        );
     }
     Ok(out)
 }

@@ -12,9 +12,7 @@
 
 use crate::dtype::TensorType;
 use crate::graph::{NodeId, OpGraph, TensorRef};
-use crate::op::{
-    BinaryOp, Layout, LossKind, NormKind, Op, Reduce, ReduceOp, Rnn, UnaryOp,
-};
+use crate::op::{BinaryOp, Layout, LossKind, NormKind, Op, Reduce, ReduceOp, Rnn, UnaryOp};
 
 /// Work and traffic of one node or one graph.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,11 +122,7 @@ fn rnn_flops(r: &Rnn, input: &TensorType) -> u64 {
     let h = r.hidden_size;
     let mut per_step = 0;
     for layer in 0..r.layers {
-        let fan_in = if layer == 0 {
-            r.input_size
-        } else {
-            h * dirs
-        };
+        let fan_in = if layer == 0 { r.input_size } else { h * dirs };
         // Gate matmuls (multiply-add) plus the cell's elementwise update.
         per_step += dirs * (2 * g * h * (fan_in + h) + 6 * g * h);
     }

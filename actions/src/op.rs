@@ -837,12 +837,20 @@ impl fmt::Display for Op {
             Op::AdaptivePool(p) => write!(
                 f,
                 "{}{}pool → {}",
-                if p.is_global() { "global " } else { "adaptive " },
+                if p.is_global() {
+                    "global "
+                } else {
+                    "adaptive "
+                },
                 if p.max { "max" } else { "avg" },
                 dims(&p.output)
             ),
             Op::Dropout { p, active } => {
-                write!(f, "dropout p={p}{}", if *active { "" } else { " (inactive)" })
+                write!(
+                    f,
+                    "dropout p={p}{}",
+                    if *active { "" } else { " (inactive)" }
+                )
             }
             Op::Loss(l) => write!(f, "{:?} loss ({:?})", l.kind, l.reduction),
             Op::Attention(a) => write!(

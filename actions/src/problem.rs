@@ -48,7 +48,9 @@ pub enum ProblemError {
         reason: String,
     },
     /// A file name does not start with the problem number.
-    #[error("`{name}` does not start with a problem number (KernelBench files are named like `19_ReLU.py`)")]
+    #[error(
+        "`{name}` does not start with a problem number (KernelBench files are named like `19_ReLU.py`)"
+    )]
     BadFileName {
         /// The file name.
         name: String,
@@ -139,8 +141,15 @@ pub fn parse_jsonl(text: &str) -> Result<Vec<Problem>, ProblemError> {
 }
 
 /// A problem from a file of a KernelBench checkout (`level2/1_Conv2D_ReLU_BiasAdd.py`).
-pub fn problem_from_file(level: u32, file_name: &str, code: String) -> Result<Problem, ProblemError> {
-    let name = file_name.strip_suffix(".py").unwrap_or(file_name).to_string();
+pub fn problem_from_file(
+    level: u32,
+    file_name: &str,
+    code: String,
+) -> Result<Problem, ProblemError> {
+    let name = file_name
+        .strip_suffix(".py")
+        .unwrap_or(file_name)
+        .to_string();
     let number = name
         .split('_')
         .next()
@@ -201,18 +210,25 @@ pub fn find<'a>(problems: &'a [Problem], query: &str) -> Result<&'a Problem, Pro
             }
             let needle = rest.to_ascii_lowercase();
             let searchable = needle.len() >= 3 && !needle.chars().all(|c| c.is_ascii_digit());
+            let name_of = |p: &Problem| p.name.to_ascii_lowercase();
+            // Names containing the query; failing that, names whose words
+            // (after the number) the query contains.
             let mut suggestions: Vec<String> = problems
                 .iter()
-                .filter(|p| {
-                    let name = p.name.to_ascii_lowercase();
-                    searchable
-                        && (name.contains(&needle)
-                            || name
-                                .split_once('_')
-                                .is_some_and(|(_, words)| needle.contains(words)))
-                })
+                .filter(|p| searchable && name_of(p).contains(&needle))
                 .map(Problem::full_name)
                 .collect();
+            if suggestions.is_empty() {
+                suggestions = problems
+                    .iter()
+                    .filter(|p| {
+                        name_of(p).split_once('_').is_some_and(|(_, words)| {
+                            words.len() >= 4 && searchable && needle.contains(words)
+                        })
+                    })
+                    .map(Problem::full_name)
+                    .collect();
+            }
             suggestions.truncate(5);
             Err(ProblemError::Unknown {
                 query: query.to_string(),
@@ -295,11 +311,15 @@ mod tests {
 
     #[test]
     fn a_malformed_line_is_named_by_its_number() {
-        let e = parse_jsonl("{\"level\":1,\"problem_id\":1,\"name\":\"a\",\"code\":\"\"}\n{oops}\n")
-            .unwrap_err();
+        let e =
+            parse_jsonl("{\"level\":1,\"problem_id\":1,\"name\":\"a\",\"code\":\"\"}\n{oops}\n")
+                .unwrap_err();
         assert!(e.to_string().starts_with("line 2: "), "{e}");
         let e = parse_jsonl(r#"{"level":7,"problem_id":1,"name":"a","code":""}"#).unwrap_err();
-        assert_eq!(e.to_string(), "line 1: level 7 is not a KernelBench level (1-4)");
+        assert_eq!(
+            e.to_string(),
+            "line 1: level 7 is not a KernelBench level (1-4)"
+        );
     }
 
     #[test]

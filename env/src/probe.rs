@@ -87,8 +87,10 @@ mod ffi {
                 // SAFETY: `dev` is a valid device handle from the driver.
                 unsafe { result::device::get_attribute(dev, a) }.map_err(|e| e.to_string())
             };
-            let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-            let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+            let major =
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+            let minor =
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
             // SAFETY: `dev` is a valid device handle from the driver.
             let memory = unsafe { result::device::total_mem(dev) }.map_err(|e| e.to_string())?;
             gpus.push(Gpu {
@@ -235,15 +237,29 @@ pub fn doctor() -> Vec<Check> {
         Err(why) => checks.push(Check::missing(
             "python",
             why,
-            format!("install Python 3, or point {} at an interpreter that has torch", python::PYTHON_ENV),
+            format!(
+                "install Python 3, or point {} at an interpreter that has torch",
+                python::PYTHON_ENV
+            ),
         )),
         Ok(r) => {
             let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("?").to_string();
-            checks.push(Check::found("python", format!("{} ({name} = {})", s("python"), s("executable"))));
-            for (pkg, why_needed) in [
-                ("torch", "traces KernelBench problems and runs their reference models"),
-                ("triton", "compiles Triton kernels"),
-                ("cupy", "launches NVRTC-compiled kernels from the Python worker"),
+            checks.push(Check::found(
+                "python",
+                format!("{} ({name} = {})", s("python"), s("executable")),
+            ));
+            for (pkg, pip_name, why_needed) in [
+                (
+                    "torch",
+                    "torch",
+                    "traces KernelBench problems and runs their reference models",
+                ),
+                ("triton", "triton", "compiles Triton kernels"),
+                (
+                    "cupy",
+                    "cupy-cuda13x",
+                    "launches NVRTC-compiled kernels from Python",
+                ),
             ] {
                 match r.get(pkg).and_then(Value::as_str) {
                     Some(v) => {
@@ -260,7 +276,7 @@ pub fn doctor() -> Vec<Check> {
                     None => checks.push(Check::missing(
                         pkg,
                         format!("not importable by {name} ({})", s(&format!("{pkg}_error"))),
-                        format!("{name} -m pip install {pkg}   (needed because it {why_needed})"),
+                        format!("{name} -m pip install {pip_name}   (needed: it {why_needed})"),
                     )),
                 }
             }

@@ -23,7 +23,9 @@ pub struct TraceRequest<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum TracerError {
     /// No interpreter.
-    #[error("{python} could not be started ({source}); install Python 3 with torch, or set {env} to an interpreter that has it")]
+    #[error(
+        "{python} could not be started ({source}); install Python 3 with torch, or set {env} to an interpreter that has it"
+    )]
     NoPython {
         /// The interpreter tried.
         python: String,
@@ -33,7 +35,9 @@ pub enum TracerError {
         env: &'static str,
     },
     /// The interpreter has no torch.
-    #[error("{python} has no torch, which tracing needs: run `{python} -m pip install torch`, or set {env} to an interpreter that has it")]
+    #[error(
+        "{python} has no torch, which tracing needs: run `{python} -m pip install torch`, or set {env} to an interpreter that has it"
+    )]
     NoTorch {
         /// The interpreter tried.
         python: String,

@@ -1,10 +1,9 @@
 //! `mtmc doctor`: what this machine has, and how to get what is missing.
 
-
 use anyhow::Result;
 
 /// Prints each check and its fix.
-pub fn run(out: &mut dyn std::io::Write, ) -> Result<()> {
+pub fn run(out: &mut dyn std::io::Write) -> Result<()> {
     let checks = mtmc_env::probe::doctor();
     let width = checks.iter().map(|c| c.component.len()).max().unwrap_or(0);
     for c in &checks {
@@ -18,8 +17,9 @@ pub fn run(out: &mut dyn std::io::Write, ) -> Result<()> {
     if missing == 0 {
         writeln!(out, "\neverything mtmc uses is here")?;
     } else {
-        writeln!(out, 
-            "\n{missing} missing; without a GPU mtmc still lists and shows problems, and with NVRTC it compiles kernels"
+        writeln!(
+            out,
+            "\n{missing} missing; without a GPU, mtmc still lists problems and shows their graphs"
         )?;
     }
     Ok(())

@@ -2,7 +2,6 @@
 
 use std::path::Path;
 
-
 use anyhow::Result;
 use mtmc_actions::{OpClass, graph_cost};
 
@@ -10,7 +9,11 @@ use crate::fmt::{si, table};
 use crate::source::{Origin, Problems};
 
 /// Lists problems (optionally one level) with their graphs' figures.
-pub fn run(out: &mut dyn std::io::Write, kernelbench: Option<&Path>, level: Option<u32>) -> Result<()> {
+pub fn run(
+    out: &mut dyn std::io::Write,
+    kernelbench: Option<&Path>,
+    level: Option<u32>,
+) -> Result<()> {
     let problems = Problems::load(kernelbench)?;
     let chosen: Vec<_> = problems
         .list
@@ -75,7 +78,8 @@ pub fn run(out: &mut dyn std::io::Write, kernelbench: Option<&Path>, level: Opti
             ]),
         }
     }
-    write!(out, 
+    write!(
+        out,
         "{}",
         table(
             &["ID", "NAME", "OPS", "FLOP", "MIN BYTES", "NOTE"],

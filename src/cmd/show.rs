@@ -1,7 +1,6 @@
 //! `mtmc show`: one problem's graph with per-node FLOPs and bytes, and its
 //! roofline time on the built-in devices.
 
-
 use anyhow::{Context, Result, bail};
 use mtmc_actions::device::{MathMode, builtin_devices, find_device, roofline};
 use mtmc_actions::{OpGraph, node_cost};
@@ -33,12 +32,14 @@ pub fn run(out: &mut dyn std::io::Write, subject: Subject<'_>, device: Option<&s
     let specs = builtin_devices();
     let devices = match device {
         None => specs.clone(),
-        Some(name) => vec![find_device(&specs, name)
-            .with_context(|| {
-                let known: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-                format!("unknown device `{name}`; built in: {}", known.join(", "))
-            })?
-            .clone()],
+        Some(name) => vec![
+            find_device(&specs, name)
+                .with_context(|| {
+                    let known: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+                    format!("unknown device `{name}`; built in: {}", known.join(", "))
+                })?
+                .clone(),
+        ],
     };
     let (title, graph) = match subject {
         Subject::Problem { kernelbench, name } => {
@@ -72,7 +73,8 @@ pub fn run(out: &mut dyn std::io::Write, subject: Subject<'_>, device: Option<&s
     let first = roofline(&graph, &devices[0], MathMode::default());
     let cost = first.cost;
     writeln!(out)?;
-    writeln!(out, 
+    writeln!(
+        out,
         "total: {}{} in {} nodes; minimum bytes {} fused (inputs, weights, outputs once), {} one kernel per op",
         if cost.unfused.exact { "" } else { "≥" },
         si(cost.unfused.flops as f64, "FLOP"),
@@ -81,12 +83,19 @@ pub fn run(out: &mut dyn std::io::Write, subject: Subject<'_>, device: Option<&s
         si(cost.unfused.bytes as f64, "B"),
     )?;
     if !cost.unfused.exact {
-        writeln!(out, "note: opaque nodes have unknown FLOPs; FLOP totals and compute bounds are lower bounds")?;
+        writeln!(
+            out,
+            "note: opaque nodes have unknown FLOPs; FLOP totals and compute bounds are lower bounds"
+        )?;
     }
-    writeln!(out, "roofline (fp32 matmuls on CUDA cores: KernelBench's 1e-4 tolerance rules out TF32):")?;
+    writeln!(
+        out,
+        "roofline (fp32 matmuls on CUDA cores: KernelBench's 1e-4 tolerance rules out TF32):"
+    )?;
     for spec in &devices {
         let r = roofline(&graph, spec, MathMode::default());
-        writeln!(out, 
+        writeln!(
+            out,
             "  {:5} {:>9}  {} (compute {}, memory {}); one kernel per op: {}",
             spec.name,
             seconds(r.time_s),

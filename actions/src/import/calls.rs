@@ -42,12 +42,15 @@ fn num(v: &Value) -> Option<f64> {
     match v {
         Value::Number(n) => n.as_f64(),
         Value::Bool(b) => Some(f64::from(u8::from(*b))),
-        Value::Object(m) => m.get("float").and_then(Value::as_str).and_then(|s| match s {
-            "inf" => Some(f64::INFINITY),
-            "-inf" => Some(f64::NEG_INFINITY),
-            "nan" => Some(f64::NAN),
-            _ => None,
-        }),
+        Value::Object(m) => m
+            .get("float")
+            .and_then(Value::as_str)
+            .and_then(|s| match s {
+                "inf" => Some(f64::INFINITY),
+                "-inf" => Some(f64::NEG_INFINITY),
+                "nan" => Some(f64::NAN),
+                _ => None,
+            }),
         _ => None,
     }
 }
@@ -176,7 +179,10 @@ fn call_key(node: &TraceNode) -> String {
                 .strip_prefix("__")
                 .and_then(|s| s.strip_suffix("__"))
                 .unwrap_or(t);
-            let t = t.strip_prefix('i').filter(|_| is_inplace_dunder(&node.target)).unwrap_or(t);
+            let t = t
+                .strip_prefix('i')
+                .filter(|_| is_inplace_dunder(&node.target))
+                .unwrap_or(t);
             t.strip_suffix('_').unwrap_or(t).to_string()
         }
         _ => {
@@ -191,7 +197,9 @@ fn call_key(node: &TraceNode) -> String {
                 rest.strip_suffix('_').unwrap_or(rest).to_string()
             } else if let Some(rest) = t.strip_prefix("operator.") {
                 rest.strip_prefix('i')
-                    .filter(|r| ["add", "sub", "mul", "truediv", "floordiv", "pow", "matmul"].contains(r))
+                    .filter(|r| {
+                        ["add", "sub", "mul", "truediv", "floordiv", "pow", "matmul"].contains(r)
+                    })
                     .unwrap_or(rest)
                     .to_string()
             } else if let Some(rest) = t.strip_prefix("builtins.") {
@@ -206,7 +214,13 @@ fn call_key(node: &TraceNode) -> String {
 fn is_inplace_dunder(target: &str) -> bool {
     matches!(
         target,
-        "__iadd__" | "__isub__" | "__imul__" | "__itruediv__" | "__ifloordiv__" | "__ipow__" | "__imatmul__"
+        "__iadd__"
+            | "__isub__"
+            | "__imul__"
+            | "__itruediv__"
+            | "__ifloordiv__"
+            | "__ipow__"
+            | "__imatmul__"
     )
 }
 
@@ -260,7 +274,12 @@ pub(super) fn import_call(im: &mut Importer, node: &TraceNode) -> Result<Val, Im
                 _ => node.target.clone(),
             };
             let inputs = call.all_tensors();
-            im.emit(&node.name, Op::Opaque { target, reason }, &inputs, &node.out)
+            im.emit(
+                &node.name,
+                Op::Opaque { target, reason },
+                &inputs,
+                &node.out,
+            )
         }
     }
 }
@@ -316,16 +335,20 @@ fn unary(c: &Call, op: UnaryOp) -> Lower {
 }
 
 fn binary(c: &Call, op: BinaryOp, reflected: bool) -> Lower {
-    if let Some(alpha) = c.konst(2, "alpha").and_then(num) {
-        if alpha != 1.0 {
-            return Err(format!("alpha = {alpha} is not modelled"));
-        }
+    if let Some(alpha) = c.konst(2, "alpha").and_then(num)
+        && alpha != 1.0
+    {
+        return Err(format!("alpha = {alpha} is not modelled"));
     }
     let a = c.arg(0, "input").ok_or("missing first operand")?;
     let b = c.arg(1, "other").ok_or("missing second operand")?;
     match (a, b) {
         (Val::Tensor(x), Val::Tensor(y)) => {
-            let inputs = if reflected { vec![*y, *x] } else { vec![*x, *y] };
+            let inputs = if reflected {
+                vec![*y, *x]
+            } else {
+                vec![*x, *y]
+            };
             Ok(Lowered::Node(Op::Binary(op), inputs))
         }
         (Val::Tensor(x), Val::Const(v)) | (Val::Const(v), Val::Tensor(x)) => {
@@ -356,14 +379,21 @@ fn reduce(im: &Importer, c: &Call, op: ReduceOp) -> Lower {
         Some(d) => norm_dims(&d, rank)?,
     };
     let keepdim = c.bool_or(2, "keepdim", false);
-    Ok(Lowered::Node(Op::Reduce(Reduce { op, dims, keepdim }), vec![x]))
+    Ok(Lowered::Node(
+        Op::Reduce(Reduce { op, dims, keepdim }),
+        vec![x],
+    ))
 }
 
 /// `torch.max`/`torch.min`: over everything, along a dim with indices, or
 /// elementwise against a second tensor.
 fn extremum(im: &Importer, c: &Call, max: bool) -> Lower {
     if let Some(Val::Tensor(_)) = c.arg(1, "other") {
-        let op = if max { BinaryOp::Maximum } else { BinaryOp::Minimum };
+        let op = if max {
+            BinaryOp::Maximum
+        } else {
+            BinaryOp::Minimum
+        };
         return binary(c, op, false);
     }
     let indices = c.arg(1, "dim").is_some();
@@ -417,7 +447,13 @@ fn subscript(v: &Value) -> String {
                 .as_array()
                 .map(|a| {
                     a.iter()
-                        .map(|p| if p.is_null() { String::new() } else { p.to_string() })
+                        .map(|p| {
+                            if p.is_null() {
+                                String::new()
+                            } else {
+                                p.to_string()
+                            }
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -525,7 +561,12 @@ fn conv(im: &Importer, c: &Call, transposed: bool) -> Lower {
         Some(v) => spatial(Some(ints(&v).ok_or("padding is not ints")?), n, 0),
         None => vec![0; n],
     };
-    if module && c.attr("padding_mode").and_then(Value::as_str).unwrap_or("zeros") != "zeros" {
+    if module
+        && c.attr("padding_mode")
+            .and_then(Value::as_str)
+            .unwrap_or("zeros")
+            != "zeros"
+    {
         return Err("non-zero padding modes are not modelled".into());
     }
     let mut inputs = vec![x, weight];
@@ -667,10 +708,13 @@ fn norm(c: &Call, kind: NormKind) -> Lower {
                 let stats = if training {
                     vec![]
                 } else {
-                    [c.opt_tensor(1, "running_mean"), c.opt_tensor(2, "running_var")]
-                        .into_iter()
-                        .flatten()
-                        .collect()
+                    [
+                        c.opt_tensor(1, "running_mean"),
+                        c.opt_tensor(2, "running_var"),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect()
                 };
                 (
                     c.f64_or(7, "eps", 1e-5)?,
@@ -685,10 +729,13 @@ fn norm(c: &Call, kind: NormKind) -> Lower {
                 let stats = if use_input_stats {
                     vec![]
                 } else {
-                    [c.opt_tensor(1, "running_mean"), c.opt_tensor(2, "running_var")]
-                        .into_iter()
-                        .flatten()
-                        .collect()
+                    [
+                        c.opt_tensor(1, "running_mean"),
+                        c.opt_tensor(2, "running_var"),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect()
                 };
                 (
                     c.f64_or(7, "eps", 1e-5)?,
@@ -749,8 +796,14 @@ fn rnn(im: &Importer, c: &Call, cell: RnnCell) -> Lower {
         inputs.extend(c.params.values().copied());
         Rnn {
             cell,
-            input_size: c.attr("input_size").and_then(Value::as_u64).ok_or("no input_size")?,
-            hidden_size: c.attr("hidden_size").and_then(Value::as_u64).ok_or("no hidden_size")?,
+            input_size: c
+                .attr("input_size")
+                .and_then(Value::as_u64)
+                .ok_or("no input_size")?,
+            hidden_size: c
+                .attr("hidden_size")
+                .and_then(Value::as_u64)
+                .ok_or("no hidden_size")?,
             layers: c.attr("num_layers").and_then(Value::as_u64).unwrap_or(1),
             bidirectional: c.attr_bool("bidirectional", false),
             batch_first: c.attr_bool("batch_first", false),
@@ -774,7 +827,10 @@ fn rnn(im: &Importer, c: &Call, cell: RnnCell) -> Lower {
             cell,
             input_size: im.graph.tensor(x).shape.last().copied().unwrap_or(0),
             hidden_size: hidden,
-            layers: c.konst(4, "num_layers").and_then(Value::as_u64).unwrap_or(1),
+            layers: c
+                .konst(4, "num_layers")
+                .and_then(Value::as_u64)
+                .unwrap_or(1),
             bidirectional: c.bool_or(7, "bidirectional", false),
             batch_first: c.bool_or(8, "batch_first", false),
             bias: c.bool_or(3, "has_biases", true),
@@ -789,7 +845,9 @@ fn constant(fill: Fill) -> Lower {
 
 fn tensors_arg(c: &Call) -> Result<Vec<TensorRef>, String> {
     let mut out = Vec::new();
-    c.arg(0, "tensors").ok_or("missing tensors")?.tensors(&mut out);
+    c.arg(0, "tensors")
+        .ok_or("missing tensors")?
+        .tensors(&mut out);
     Ok(out)
 }
 
@@ -984,7 +1042,11 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                 trans_b: false,
                 bias: true,
             }),
-            vec![c.tensor(1, "mat1")?, c.tensor(2, "mat2")?, c.tensor(0, "input")?],
+            vec![
+                c.tensor(1, "mat1")?,
+                c.tensor(2, "mat2")?,
+                c.tensor(0, "input")?,
+            ],
         )),
         "einsum" => {
             let equation = c
@@ -1002,9 +1064,9 @@ fn lower(im: &Importer, c: &Call) -> Lower {
         // Convolutions.
         "F.conv1d" | "F.conv2d" | "F.conv3d" | "conv1d" | "conv2d" | "conv3d" | "nn.Conv1d"
         | "nn.Conv2d" | "nn.Conv3d" => conv(im, c, false),
-        "F.conv_transpose1d" | "F.conv_transpose2d" | "F.conv_transpose3d"
-        | "conv_transpose1d" | "conv_transpose2d" | "conv_transpose3d" | "nn.ConvTranspose1d"
-        | "nn.ConvTranspose2d" | "nn.ConvTranspose3d" => conv(im, c, true),
+        "F.conv_transpose1d" | "F.conv_transpose2d" | "F.conv_transpose3d" | "conv_transpose1d"
+        | "conv_transpose2d" | "conv_transpose3d" | "nn.ConvTranspose1d" | "nn.ConvTranspose2d"
+        | "nn.ConvTranspose3d" => conv(im, c, true),
 
         // Reductions.
         "sum" => reduce(im, c, ReduceOp::Sum),
@@ -1148,13 +1210,19 @@ fn lower(im: &Importer, c: &Call) -> Lower {
         "nn.GroupNorm" => norm(
             c,
             NormKind::Group {
-                groups: c.attr("num_groups").and_then(Value::as_u64).ok_or("no num_groups")?,
+                groups: c
+                    .attr("num_groups")
+                    .and_then(Value::as_u64)
+                    .ok_or("no num_groups")?,
             },
         ),
         "F.group_norm" => norm(
             c,
             NormKind::Group {
-                groups: c.konst(1, "num_groups").and_then(Value::as_u64).ok_or("no num_groups")?,
+                groups: c
+                    .konst(1, "num_groups")
+                    .and_then(Value::as_u64)
+                    .ok_or("no num_groups")?,
             },
         ),
 
@@ -1163,13 +1231,19 @@ fn lower(im: &Importer, c: &Call) -> Lower {
         | "F.max_pool3d" | "max_pool1d" | "max_pool2d" | "max_pool3d" => pool(c, true),
         "nn.AvgPool1d" | "nn.AvgPool2d" | "nn.AvgPool3d" | "F.avg_pool1d" | "F.avg_pool2d"
         | "F.avg_pool3d" | "avg_pool1d" => pool(c, false),
-        "nn.AdaptiveAvgPool1d" | "nn.AdaptiveAvgPool2d" | "nn.AdaptiveAvgPool3d"
-        | "F.adaptive_avg_pool1d" | "F.adaptive_avg_pool2d" | "F.adaptive_avg_pool3d"
+        "nn.AdaptiveAvgPool1d"
+        | "nn.AdaptiveAvgPool2d"
+        | "nn.AdaptiveAvgPool3d"
+        | "F.adaptive_avg_pool1d"
+        | "F.adaptive_avg_pool2d"
+        | "F.adaptive_avg_pool3d"
         | "adaptive_avg_pool1d" => adaptive_pool(c, false),
-        "nn.AdaptiveMaxPool1d" | "nn.AdaptiveMaxPool2d" | "nn.AdaptiveMaxPool3d"
-        | "F.adaptive_max_pool1d" | "F.adaptive_max_pool2d" | "F.adaptive_max_pool3d" => {
-            adaptive_pool(c, true)
-        }
+        "nn.AdaptiveMaxPool1d"
+        | "nn.AdaptiveMaxPool2d"
+        | "nn.AdaptiveMaxPool3d"
+        | "F.adaptive_max_pool1d"
+        | "F.adaptive_max_pool2d"
+        | "F.adaptive_max_pool3d" => adaptive_pool(c, true),
 
         // Dropout.
         "nn.Dropout" | "nn.Dropout1d" | "nn.Dropout2d" | "nn.Dropout3d" => {
@@ -1184,7 +1258,15 @@ fn lower(im: &Importer, c: &Call) -> Lower {
         }
         "F.dropout" | "dropout" | "F.dropout1d" | "F.dropout2d" | "F.dropout3d" => {
             let p = c.f64_or(1, "p", 0.5)?;
-            let training = c.bool_or(2, if key == "dropout" { "train" } else { "training" }, true);
+            let training = c.bool_or(
+                2,
+                if key == "dropout" {
+                    "train"
+                } else {
+                    "training"
+                },
+                true,
+            );
             Ok(Lowered::Node(
                 Op::Dropout {
                     p,
@@ -1398,7 +1480,10 @@ fn lower(im: &Importer, c: &Call) -> Lower {
         }
         "flip" => {
             let x = c.tensor(0, "input")?;
-            let dims = norm_dims(&c.ints(1, "dims")?.ok_or("flip without dims")?, rank_of(im, x))?;
+            let dims = norm_dims(
+                &c.ints(1, "dims")?.ok_or("flip without dims")?,
+                rank_of(im, x),
+            )?;
             Ok(Lowered::Node(Op::Layout(Layout::Flip { dims }), vec![x]))
         }
         "roll" => {
@@ -1411,11 +1496,17 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                     .collect::<Result<_, _>>()?,
                 None => vec![],
             };
-            Ok(Lowered::Node(Op::Layout(Layout::Roll { shifts, dims }), vec![x]))
+            Ok(Lowered::Node(
+                Op::Layout(Layout::Roll { shifts, dims }),
+                vec![x],
+            ))
         }
         "F.pad" => {
             let x = c.tensor(0, "input")?;
-            let mode = c.konst(2, "mode").and_then(Value::as_str).unwrap_or("constant");
+            let mode = c
+                .konst(2, "mode")
+                .and_then(Value::as_str)
+                .unwrap_or("constant");
             if mode != "constant" {
                 return Err(format!("`{mode}` padding is not modelled"));
             }
@@ -1449,7 +1540,9 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                     },
                     vec![x, mask],
                 )),
-                Some(Val::Tensor(v)) => Ok(Lowered::Node(Op::Where { fill: None }, vec![mask, *v, x])),
+                Some(Val::Tensor(v)) => {
+                    Ok(Lowered::Node(Op::Where { fill: None }, vec![mask, *v, x]))
+                }
                 _ => Err("masked_fill without a value".into()),
             }
         }
@@ -1479,7 +1572,10 @@ fn lower(im: &Importer, c: &Call) -> Lower {
         }
         "ones" | "ones_like" | "new_ones" => constant(Fill::Full(1.0)),
         "full" | "full_like" | "new_full" => {
-            let v = c.konst(1, "fill_value").and_then(num).ok_or("fill value is not a number")?;
+            let v = c
+                .konst(1, "fill_value")
+                .and_then(num)
+                .ok_or("fill value is not a number")?;
             constant(Fill::Full(v))
         }
         "randn" | "rand" | "randn_like" | "rand_like" | "randint" | "normal" => {
@@ -1510,9 +1606,15 @@ mod tests {
         assert_eq!(call_key(&node("method", "__iadd__")), "add");
         assert_eq!(call_key(&node("method", "__radd__")), "radd");
         assert_eq!(call_key(&node("function", "torch.relu_")), "relu");
-        assert_eq!(call_key(&node("function", "torch.nn.functional.relu")), "F.relu");
+        assert_eq!(
+            call_key(&node("function", "torch.nn.functional.relu")),
+            "F.relu"
+        );
         assert_eq!(call_key(&node("function", "operator.truediv")), "truediv");
         assert_eq!(call_key(&node("method", "__getitem__")), "getitem");
-        assert_eq!(call_key(&node("function", "torch.linalg.vector_norm")), "linalg.vector_norm");
+        assert_eq!(
+            call_key(&node("function", "torch.linalg.vector_norm")),
+            "linalg.vector_norm"
+        );
     }
 }

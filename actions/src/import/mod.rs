@@ -109,7 +109,9 @@ pub enum ImportError {
     #[error("not a trace: {0}")]
     Json(#[from] serde_json::Error),
     /// Written by another version of the tracer.
-    #[error("trace schema {found} is not supported (this mtmc reads schema {TRACE_SCHEMA}); regenerate it")]
+    #[error(
+        "trace schema {found} is not supported (this mtmc reads schema {TRACE_SCHEMA}); regenerate it"
+    )]
     Schema {
         /// The version found.
         found: u32,
@@ -315,10 +317,11 @@ impl Importer {
     fn import_node(&mut self, node: &TraceNode) -> Result<Val, ImportError> {
         // Calls whose result is not a tensor (x.size(0), x.shape) were
         // evaluated at trace time: their values are constants.
-        if let Some(v) = node.out.get("value") {
-            if node.op != "input" && node.op != "param" {
-                return Ok(Val::Const(v.clone()));
-            }
+        if let Some(v) = node.out.get("value")
+            && node.op != "input"
+            && node.op != "param"
+        {
+            return Ok(Val::Const(v.clone()));
         }
         match node.op.as_str() {
             "input" => match node.out.get("tensor") {
@@ -330,7 +333,9 @@ impl Importer {
                     &[],
                     &node.out,
                 ),
-                None => Ok(Val::Const(node.out.get("value").cloned().unwrap_or_default())),
+                None => Ok(Val::Const(
+                    node.out.get("value").cloned().unwrap_or_default(),
+                )),
             },
             "param" => self.emit(
                 &node.name,

@@ -6,9 +6,7 @@ use super::syntax::{Arg, DimSpec, Expr, Stmt};
 use super::{ErrorKind, IntentError, Pos};
 use crate::dtype::{DType, TensorType};
 use crate::graph::{OpGraph, TensorRef};
-use crate::op::{
-    BinaryOp, Layout, MatMul, Norm, NormKind, Op, Reduce, ReduceOp, Scan, UnaryOp,
-};
+use crate::op::{BinaryOp, Layout, MatMul, Norm, NormKind, Op, Reduce, ReduceOp, Scan, UnaryOp};
 
 /// A tensor value with an optional name per dim.
 #[derive(Clone, Debug)]
@@ -97,23 +95,25 @@ impl<'a> Lowerer<'a> {
                         err(
                             *p,
                             ErrorKind::BadArgument,
-                            format!("unknown dtype `{d}` (use f16, bf16, f32, f64, i32, i64 or bool)"),
+                            format!(
+                                "unknown dtype `{d}` (use f16, bf16, f32, f64, i32, i64 or bool)"
+                            ),
                         )
                     })?,
                 };
                 let (shape, names) = self.dims(dims)?;
-                if let Some(flag) = self.shapes.get(name) {
-                    if *flag != shape {
-                        return Err(err(
-                            *pos,
-                            ErrorKind::ShapeMismatch,
-                            format!(
-                                "`{name}` is declared {} here but --shape gives {}",
-                                fmt_shape(&shape),
-                                fmt_shape(flag)
-                            ),
-                        ));
-                    }
+                if let Some(flag) = self.shapes.get(name)
+                    && *flag != shape
+                {
+                    return Err(err(
+                        *pos,
+                        ErrorKind::ShapeMismatch,
+                        format!(
+                            "`{name}` is declared {} here but --shape gives {}",
+                            fmt_shape(&shape),
+                            fmt_shape(flag)
+                        ),
+                    ));
                 }
                 self.input(name, TensorType::new(shape, dtype), names);
                 Ok(())
@@ -126,7 +126,9 @@ impl<'a> Lowerer<'a> {
                         return Err(err(
                             expr.pos(),
                             ErrorKind::BadArgument,
-                            format!("`{name}` would be a plain number; the program computes tensors"),
+                            format!(
+                                "`{name}` would be a plain number; the program computes tensors"
+                            ),
                         ));
                     }
                 };
@@ -163,8 +165,12 @@ impl<'a> Lowerer<'a> {
         let mut names = Vec::new();
         for d in dims {
             let size = match (&d.name, d.size) {
-                (_, Some(s)) if s == 0 => {
-                    return Err(err(d.pos, ErrorKind::BadArgument, "a dim must be at least 1"));
+                (_, Some(0)) => {
+                    return Err(err(
+                        d.pos,
+                        ErrorKind::BadArgument,
+                        "a dim must be at least 1",
+                    ));
                 }
                 (Some(n), Some(s)) => match self.dim_sizes.get(n) {
                     Some(&old) if old != s => {
@@ -183,7 +189,9 @@ impl<'a> Lowerer<'a> {
                     err(
                         d.pos,
                         ErrorKind::UnknownDim,
-                        format!("dim `{n}` has no size yet: write `{n}=SIZE` where it first appears"),
+                        format!(
+                            "dim `{n}` has no size yet: write `{n}=SIZE` where it first appears"
+                        ),
                     )
                 })?,
                 (None, Some(s)) => s,
@@ -266,7 +274,12 @@ impl<'a> Lowerer<'a> {
                 Operand::Tensor(v) => {
                     let out = self.ty(&v).clone();
                     let dims = v.dims.clone();
-                    Ok(Operand::Tensor(self.add(Op::Unary(UnaryOp::Neg), &[v.t], out, dims)))
+                    Ok(Operand::Tensor(self.add(
+                        Op::Unary(UnaryOp::Neg),
+                        &[v.t],
+                        out,
+                        dims,
+                    )))
                 }
             },
             Expr::Transpose(inner, pos) => {
@@ -276,7 +289,10 @@ impl<'a> Lowerer<'a> {
                     return Err(err(
                         *pos,
                         ErrorKind::ShapeMismatch,
-                        format!("`.T` needs at least 2 dims, but the operand is {}", self.ty(&v)),
+                        format!(
+                            "`.T` needs at least 2 dims, but the operand is {}",
+                            self.ty(&v)
+                        ),
                     ));
                 }
                 Ok(Operand::Tensor(self.swap(v, rank - 2, rank - 1)))
@@ -306,7 +322,11 @@ impl<'a> Lowerer<'a> {
     fn tensor(&mut self, e: &Expr) -> Result<Value, IntentError> {
         match self.expr(e)? {
             Operand::Tensor(v) => Ok(v),
-            Operand::Scalar(_) => Err(err(e.pos(), ErrorKind::BadArgument, "expected a tensor, found a number")),
+            Operand::Scalar(_) => Err(err(
+                e.pos(),
+                ErrorKind::BadArgument,
+                "expected a tensor, found a number",
+            )),
         }
     }
 
@@ -324,7 +344,13 @@ impl<'a> Lowerer<'a> {
         )
     }
 
-    fn binary(&mut self, op: BinaryOp, a: Operand, b: Operand, pos: Pos) -> Result<Operand, IntentError> {
+    fn binary(
+        &mut self,
+        op: BinaryOp,
+        a: Operand,
+        b: Operand,
+        pos: Pos,
+    ) -> Result<Operand, IntentError> {
         match (a, b) {
             (Operand::Scalar(x), Operand::Scalar(y)) => Ok(Operand::Scalar(match op {
                 BinaryOp::Add => x + y,
@@ -429,7 +455,11 @@ impl<'a> Lowerer<'a> {
             ));
         }
         if ta.dtype != tb.dtype {
-            return Err(err(pos, ErrorKind::ShapeMismatch, format!("`@` mixes {ta} and {tb}")));
+            return Err(err(
+                pos,
+                ErrorKind::ShapeMismatch,
+                format!("`@` mixes {ta} and {tb}"),
+            ));
         }
         let (ra, rb) = (ta.rank(), tb.rank());
         let (m, k) = (ta.shape[ra - 2], ta.shape[ra - 1]);
@@ -442,7 +472,9 @@ impl<'a> Lowerer<'a> {
             return Err(err(
                 pos,
                 ErrorKind::ShapeMismatch,
-                format!("`@` needs matching inner dims, but {ta} has {k} columns and {tb} has {kb} rows"),
+                format!(
+                    "`@` needs matching inner dims, but {ta} has {k} columns and {tb} has {kb} rows"
+                ),
             ));
         }
         let batch_a = Value {
@@ -499,11 +531,17 @@ impl<'a> Lowerer<'a> {
         let mut shape = Vec::new();
         let mut dims = Vec::new();
         for i in 0..rank {
-            let x = (i + sa.len()).checked_sub(rank).map(|j| (sa[j], a.dims[j].clone()));
-            let y = (i + sb.len()).checked_sub(rank).map(|j| (sb[j], b.dims[j].clone()));
+            let x = (i + sa.len())
+                .checked_sub(rank)
+                .map(|j| (sa[j], a.dims[j].clone()));
+            let y = (i + sb.len())
+                .checked_sub(rank)
+                .map(|j| (sb[j], b.dims[j].clone()));
             let (s, n) = match (x, y) {
                 (Some(p), None) | (None, Some(p)) => p,
-                (Some((p, np)), Some((q, nq))) if p == q || p == 1 || q == 1 => (p.max(q), np.or(nq)),
+                (Some((p, np)), Some((q, nq))) if p == q || p == 1 || q == 1 => {
+                    (p.max(q), np.or(nq))
+                }
                 _ => {
                     return Err(err(
                         pos,
@@ -545,9 +583,21 @@ impl<'a> Lowerer<'a> {
                 Expr::Num(n, _) if n.fract() == 0.0 => *n as i64,
                 Expr::Neg(inner, _) => match inner.as_ref() {
                     Expr::Num(n, _) if n.fract() == 0.0 => -(*n as i64),
-                    _ => return Err(err(e.pos(), ErrorKind::BadArgument, "a dim is a name or an integer")),
+                    _ => {
+                        return Err(err(
+                            e.pos(),
+                            ErrorKind::BadArgument,
+                            "a dim is a name or an integer",
+                        ));
+                    }
                 },
-                _ => return Err(err(e.pos(), ErrorKind::BadArgument, "a dim is a name or an integer")),
+                _ => {
+                    return Err(err(
+                        e.pos(),
+                        ErrorKind::BadArgument,
+                        "a dim is a name or an integer",
+                    ));
+                }
             };
             let r = rank as i64;
             let n = if idx < 0 { idx + r } else { idx };
@@ -618,7 +668,10 @@ impl<'a> Lowerer<'a> {
             return Err(err(
                 pos,
                 ErrorKind::BadArgument,
-                format!("`{name}` takes {want} tensor argument(s), got {}", positional.len()),
+                format!(
+                    "`{name}` takes {want} tensor argument(s), got {}",
+                    positional.len()
+                ),
             ));
         }
         let mut tensors = Vec::new();
@@ -632,9 +685,17 @@ impl<'a> Lowerer<'a> {
                     Expr::Num(n, _) => Ok(Some(*n)),
                     Expr::Neg(inner, _) => match inner.as_ref() {
                         Expr::Num(n, _) => Ok(Some(-n)),
-                        _ => Err(err(a.pos, ErrorKind::BadArgument, format!("`{key}` must be a number"))),
+                        _ => Err(err(
+                            a.pos,
+                            ErrorKind::BadArgument,
+                            format!("`{key}` must be a number"),
+                        )),
                     },
-                    _ => Err(err(a.pos, ErrorKind::BadArgument, format!("`{key}` must be a number"))),
+                    _ => Err(err(
+                        a.pos,
+                        ErrorKind::BadArgument,
+                        format!("`{key}` must be a number"),
+                    )),
                 },
             }
         };
@@ -643,7 +704,11 @@ impl<'a> Lowerer<'a> {
                 None => Ok(false),
                 Some(Expr::Var(v, _)) if v == "true" || v == "True" => Ok(true),
                 Some(Expr::Var(v, _)) if v == "false" || v == "False" => Ok(false),
-                Some(other) => Err(err(other.pos(), ErrorKind::BadArgument, format!("`{key}` must be true or false"))),
+                Some(other) => Err(err(
+                    other.pos(),
+                    ErrorKind::BadArgument,
+                    format!("`{key}` must be true or false"),
+                )),
             }
         };
         let x = tensors[0].clone();
@@ -652,18 +717,27 @@ impl<'a> Lowerer<'a> {
             let t = s.ty(x).clone();
             Operand::Tensor(s.add(op, &[x.t], t, x.dims.clone()))
         };
-        let dims_arg = |s: &Self, x: &Value, required: bool| -> Result<Option<Vec<usize>>, IntentError> {
-            match named.get("dim") {
-                Some(a) => Ok(Some(s.dim_list(x, &a.value)?)),
-                None if required => Err(err(pos, ErrorKind::BadArgument, format!("`{name}` needs `dim=`"))),
-                None => Ok(None),
-            }
-        };
+        let dims_arg =
+            |s: &Self, x: &Value, required: bool| -> Result<Option<Vec<usize>>, IntentError> {
+                match named.get("dim") {
+                    Some(a) => Ok(Some(s.dim_list(x, &a.value)?)),
+                    None if required => Err(err(
+                        pos,
+                        ErrorKind::BadArgument,
+                        format!("`{name}` needs `dim=`"),
+                    )),
+                    None => Ok(None),
+                }
+            };
         let single_dim = |s: &Self, x: &Value| -> Result<usize, IntentError> {
             let d = dims_arg(s, x, true)?.unwrap_or_default();
             match d.as_slice() {
                 [one] => Ok(*one),
-                _ => Err(err(pos, ErrorKind::BadArgument, format!("`{name}` takes one dim"))),
+                _ => Err(err(
+                    pos,
+                    ErrorKind::BadArgument,
+                    format!("`{name}` takes one dim"),
+                )),
             }
         };
         let op = match sig.kind {
@@ -689,7 +763,11 @@ impl<'a> Lowerer<'a> {
                     UnaryOp::Clamp { .. } => {
                         let (min, max) = (number("min", None)?, number("max", None)?);
                         if min.is_none() && max.is_none() {
-                            return Err(err(pos, ErrorKind::BadArgument, "`clamp` needs `min=` or `max=`"));
+                            return Err(err(
+                                pos,
+                                ErrorKind::BadArgument,
+                                "`clamp` needs `min=` or `max=`",
+                            ));
                         }
                         UnaryOp::Clamp { min, max }
                     }
@@ -698,14 +776,31 @@ impl<'a> Lowerer<'a> {
                 return Ok(same(self, Op::Unary(u), &x));
             }
             Kind::Binary(b) => {
-                return self.binary(b, Operand::Tensor(x), Operand::Tensor(tensors[1].clone()), pos);
+                return self.binary(
+                    b,
+                    Operand::Tensor(x),
+                    Operand::Tensor(tensors[1].clone()),
+                    pos,
+                );
             }
             Kind::MatMul => {
-                return Ok(Operand::Tensor(self.matmul(x, tensors[1].clone(), false, None, pos)?));
+                return Ok(Operand::Tensor(self.matmul(
+                    x,
+                    tensors[1].clone(),
+                    false,
+                    None,
+                    pos,
+                )?));
             }
             Kind::Linear => {
                 let bias = tensors.get(2).cloned();
-                return Ok(Operand::Tensor(self.matmul(x, tensors[1].clone(), true, bias, pos)?));
+                return Ok(Operand::Tensor(self.matmul(
+                    x,
+                    tensors[1].clone(),
+                    true,
+                    bias,
+                    pos,
+                )?));
             }
             Kind::Reduce(r) => {
                 let dims = dims_arg(self, &x, false)?.unwrap_or_else(|| (0..ty.rank()).collect());
@@ -732,8 +827,17 @@ impl<'a> Lowerer<'a> {
                         names.push(None);
                     }
                 }
-                let op = Op::Reduce(Reduce { op: r, dims, keepdim });
-                return Ok(Operand::Tensor(self.add(op, &[x.t], TensorType::new(shape, dtype), names)));
+                let op = Op::Reduce(Reduce {
+                    op: r,
+                    dims,
+                    keepdim,
+                });
+                return Ok(Operand::Tensor(self.add(
+                    op,
+                    &[x.t],
+                    TensorType::new(shape, dtype),
+                    names,
+                )));
             }
             Kind::Softmax { log } => Op::Softmax {
                 dim: single_dim(self, &x)?,
@@ -747,7 +851,10 @@ impl<'a> Lowerer<'a> {
             }),
             Kind::Norm { rms } => {
                 let dims = dims_arg(self, &x, false)?.unwrap_or_else(|| vec![ty.rank() - 1]);
-                let trailing = dims.iter().enumerate().all(|(i, &d)| d == ty.rank() - dims.len() + i);
+                let trailing = dims
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &d)| d == ty.rank() - dims.len() + i);
                 if !trailing {
                     return Err(err(
                         pos,
@@ -756,7 +863,11 @@ impl<'a> Lowerer<'a> {
                     ));
                 }
                 let n = dims.len();
-                let kind = if rms { NormKind::Rms { dims: n } } else { NormKind::Layer { dims: n } };
+                let kind = if rms {
+                    NormKind::Rms { dims: n }
+                } else {
+                    NormKind::Layer { dims: n }
+                };
                 let norm = Op::Norm(Norm {
                     kind,
                     eps: number("eps", Some(1e-5))?.unwrap_or(1e-5),
@@ -770,7 +881,11 @@ impl<'a> Lowerer<'a> {
                         return Err(err(
                             pos,
                             ErrorKind::ShapeMismatch,
-                            format!("the scale and shift of `{name}` must be {}, got {}", fmt_shape(&want), self.ty(p)),
+                            format!(
+                                "the scale and shift of `{name}` must be {}, got {}",
+                                fmt_shape(&want),
+                                self.ty(p)
+                            ),
                         ));
                     }
                 }
@@ -779,7 +894,11 @@ impl<'a> Lowerer<'a> {
             }
             Kind::Transpose => {
                 let (Some(a), Some(b)) = (named.get("dim0"), named.get("dim1")) else {
-                    return Err(err(pos, ErrorKind::BadArgument, "`transpose` needs `dim0=` and `dim1=`"));
+                    return Err(err(
+                        pos,
+                        ErrorKind::BadArgument,
+                        "`transpose` needs `dim0=` and `dim1=`",
+                    ));
                 };
                 let d0 = self.dim_list(&x, &a.value)?;
                 let d1 = self.dim_list(&x, &b.value)?;
@@ -819,12 +938,54 @@ struct Signature {
 
 /// Every function the language knows, for error messages.
 pub const FUNCTIONS: &[&str] = &[
-    "relu", "relu6", "leaky_relu", "gelu", "gelu_tanh", "sigmoid", "tanh", "silu", "swish",
-    "mish", "hardswish", "hardsigmoid", "hardtanh", "softplus", "softsign", "elu", "selu",
-    "clamp", "exp", "log", "abs", "neg", "sqrt", "rsqrt", "reciprocal", "erf", "sin", "cos",
-    "maximum", "minimum", "matmul", "linear", "sum", "mean", "max", "min", "prod", "argmax",
-    "argmin", "logsumexp", "norm", "softmax", "log_softmax", "cumsum", "cumprod", "layer_norm",
-    "rms_norm", "transpose",
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "gelu",
+    "gelu_tanh",
+    "sigmoid",
+    "tanh",
+    "silu",
+    "swish",
+    "mish",
+    "hardswish",
+    "hardsigmoid",
+    "hardtanh",
+    "softplus",
+    "softsign",
+    "elu",
+    "selu",
+    "clamp",
+    "exp",
+    "log",
+    "abs",
+    "neg",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "erf",
+    "sin",
+    "cos",
+    "maximum",
+    "minimum",
+    "matmul",
+    "linear",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "prod",
+    "argmax",
+    "argmin",
+    "logsumexp",
+    "norm",
+    "softmax",
+    "log_softmax",
+    "cumsum",
+    "cumprod",
+    "layer_norm",
+    "rms_norm",
+    "transpose",
 ];
 
 fn signature(name: &str) -> Option<Signature> {
@@ -853,12 +1014,30 @@ fn signature(name: &str) -> Option<Signature> {
         "mish" => unary(U::Mish, &[]),
         "hardswish" => unary(U::Hardswish, &[]),
         "hardsigmoid" => unary(U::Hardsigmoid, &[]),
-        "hardtanh" => unary(U::Hardtanh { min: -1.0, max: 1.0 }, &["min", "max"]),
-        "softplus" => unary(U::Softplus { beta: 1.0, threshold: 20.0 }, &["beta", "threshold"]),
+        "hardtanh" => unary(
+            U::Hardtanh {
+                min: -1.0,
+                max: 1.0,
+            },
+            &["min", "max"],
+        ),
+        "softplus" => unary(
+            U::Softplus {
+                beta: 1.0,
+                threshold: 20.0,
+            },
+            &["beta", "threshold"],
+        ),
         "softsign" => unary(U::Softsign, &[]),
         "elu" => unary(U::Elu { alpha: 1.0 }, &["alpha"]),
         "selu" => unary(U::Selu, &[]),
-        "clamp" => unary(U::Clamp { min: None, max: None }, &["min", "max"]),
+        "clamp" => unary(
+            U::Clamp {
+                min: None,
+                max: None,
+            },
+            &["min", "max"],
+        ),
         "exp" => unary(U::Exp, &[]),
         "log" => unary(U::Log, &[]),
         "abs" => unary(U::Abs, &[]),
@@ -870,7 +1049,11 @@ fn signature(name: &str) -> Option<Signature> {
         "sin" => unary(U::Sin, &[]),
         "cos" => unary(U::Cos, &[]),
         "maximum" | "minimum" => Signature {
-            kind: Kind::Binary(if name == "maximum" { BinaryOp::Maximum } else { BinaryOp::Minimum }),
+            kind: Kind::Binary(if name == "maximum" {
+                BinaryOp::Maximum
+            } else {
+                BinaryOp::Minimum
+            }),
             min_tensors: 2,
             max_tensors: 2,
             params: &[],
@@ -897,19 +1080,25 @@ fn signature(name: &str) -> Option<Signature> {
         "logsumexp" => reduce(ReduceOp::LogSumExp, &["dim", "keepdim"]),
         "norm" => reduce(ReduceOp::Norm { p: 2.0 }, &["dim", "keepdim", "p"]),
         "softmax" | "log_softmax" => Signature {
-            kind: Kind::Softmax { log: name == "log_softmax" },
+            kind: Kind::Softmax {
+                log: name == "log_softmax",
+            },
             min_tensors: 1,
             max_tensors: 1,
             params: &["dim"],
         },
         "cumsum" | "cumprod" => Signature {
-            kind: Kind::Scan { prod: name == "cumprod" },
+            kind: Kind::Scan {
+                prod: name == "cumprod",
+            },
             min_tensors: 1,
             max_tensors: 1,
             params: &["dim", "reverse", "exclusive"],
         },
         "layer_norm" | "rms_norm" => Signature {
-            kind: Kind::Norm { rms: name == "rms_norm" },
+            kind: Kind::Norm {
+                rms: name == "rms_norm",
+            },
             min_tensors: 1,
             max_tensors: if name == "rms_norm" { 2 } else { 3 },
             params: &["dim", "eps"],

@@ -53,15 +53,13 @@ pub(super) fn lex(src: &str) -> Result<Vec<(Tok, Pos)>, IntentError> {
                 let mut float = false;
                 while i < chars.len() {
                     let d = chars[i];
-                    let exp_sign = (d == '-' || d == '+')
-                        && i > start
-                        && matches!(chars[i - 1], 'e' | 'E');
+                    let exp_sign =
+                        (d == '-' || d == '+') && i > start && matches!(chars[i - 1], 'e' | 'E');
                     if d.is_ascii_digit() || exp_sign {
                         i += 1;
-                    } else if d == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit) {
-                        float = true;
-                        i += 1;
-                    } else if (d == 'e' || d == 'E') && i > start {
+                    } else if (d == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+                        || ((d == 'e' || d == 'E') && i > start)
+                    {
                         float = true;
                         i += 1;
                     } else {
@@ -292,7 +290,10 @@ impl Parser {
                             return Err(IntentError::new(
                                 p,
                                 ErrorKind::Syntax,
-                                format!("expected a dim size after `{name}=`, found {}", t.describe()),
+                                format!(
+                                    "expected a dim size after `{name}=`, found {}",
+                                    t.describe()
+                                ),
                             ));
                         }
                     }

@@ -1,0 +1,230 @@
+//! Import of torch traces: the committed traces of the 200 shared problems,
+//! and small hand-written traces for the edge cases.
+
+use std::collections::BTreeMap;
+
+use mtmc_actions::import::{ImportError, import_trace, parse_trace};
+use mtmc_actions::op::{NormKind, Op, OpClass, ReduceOp};
+use mtmc_actions::{OpGraph, graph_cost, node_cost};
+
+const FIXTURES: &str = include_str!("../../traces/kernelbench.jsonl");
+
+fn fixtures() -> BTreeMap<String, OpGraph> {
+    FIXTURES
+        .lines()
+        .map(|line| {
+            let trace = parse_trace(line).unwrap();
+            let id = format!(
+                "L{}/{}",
+                trace.level.unwrap(),
+                trace.name.as_deref().unwrap()
+            );
+            let graph = import_trace(&trace)
+                .unwrap_or_else(|e| panic!("{id} does not import: {e}"))
+                .graph;
+            (id, graph)
+        })
+        .collect()
+}
+
+fn opaque_targets(g: &OpGraph) -> Vec<String> {
+    g.opaque_nodes()
+        .map(|(_, n)| match &n.op {
+            Op::Opaque { target, .. } => target.clone(),
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+#[test]
+fn all_200_shared_problems_import_into_well_formed_graphs() {
+    let graphs = fixtures();
+    assert_eq!(graphs.len(), 200);
+    for (id, g) in &graphs {
+        assert!(!g.outputs().is_empty(), "{id} has no outputs");
+        for t in g.outputs() {
+            assert!(
+                !g.node(t.node).op.is_source(),
+                "{id}: an output is a graph source"
+            );
+        }
+        for (nid, n) in g.nodes() {
+            let no_inputs = g.inputs(nid).is_empty();
+            let creates = matches!(n.op, Op::Constant { .. }) || n.op.is_source();
+            assert!(
+                !no_inputs || creates,
+                "{id}: node `{}` ({}) has no inputs",
+                n.name,
+                n.op
+            );
+        }
+    }
+}
+
+#[test]
+fn only_composite_transformer_modules_stay_opaque() {
+    let graphs = fixtures();
+    let mut full = BTreeMap::new();
+    for (id, g) in &graphs {
+        let level = id[1..2].to_string();
+        let entry = full.entry(level).or_insert((0, 0));
+        entry.0 += 1;
+        let opaque = opaque_targets(g);
+        if opaque.is_empty() {
+            entry.1 += 1;
+        }
+        for t in opaque {
+            assert!(
+                t == "torch.nn.MultiheadAttention" || t == "torch.nn.TransformerEncoderLayer",
+                "{id}: unexpected opaque op {t}"
+            );
+        }
+    }
+    assert_eq!(full["1"], (80, 80));
+    assert_eq!(full["2"], (80, 80));
+    assert_eq!(full["3"].0, 40);
+    assert!(full["3"].1 >= 38, "L3 traced fully: {:?}", full["3"]);
+}
+
+#[test]
+fn square_matmul_has_two_n_cubed_flops() {
+    let g = &fixtures()["L1/1_Square_matrix_multiplication_"];
+    let n = 4096u64;
+    assert_eq!(graph_cost(g).unfused.flops, 2 * n * n * n);
+    assert_eq!(graph_cost(g).fused_bytes, 3 * 4 * n * n);
+}
+
+#[test]
+fn conv_relu_bias_add_counts_each_op() {
+    let g = &fixtures()["L2/1_Conv2D_ReLU_BiasAdd"];
+    // x [128,64,128,128], weight [128,64,3,3] + bias → [128,128,126,126]
+    let out = 128u64 * 128 * 126 * 126;
+    let conv = 2 * out * 64 * 9 + out;
+    let relu = out;
+    let add = out;
+    assert_eq!(graph_cost(g).unfused.flops, conv + relu + add);
+    let classes = g.op_classes();
+    assert_eq!(classes, [OpClass::Conv, OpClass::Pointwise], "{classes:?}");
+}
+
+#[test]
+fn kernelbench_runs_batch_norm_in_training_mode() {
+    // KernelBench never calls eval(): batch norm normalizes with batch statistics.
+    let g = &fixtures()["L2/39_Gemm_Scale_BatchNorm"];
+    let norm = g
+        .nodes()
+        .find_map(|(_, n)| match &n.op {
+            Op::Norm(norm) => Some(norm.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(norm.kind, NormKind::Batch);
+    assert!(norm.batch_stats);
+}
+
+#[test]
+fn max_with_dim_keeps_values_and_indices() {
+    let g = &fixtures()["L2/80_Gemm_Max_Subtract_GELU"];
+    let (id, node) = g
+        .nodes()
+        .find(|(_, n)| matches!(&n.op, Op::Reduce(r) if r.op == ReduceOp::Max { indices: true }))
+        .unwrap();
+    assert_eq!(node.outputs.len(), 2);
+    // The subtraction reads the values (output 0).
+    let consumer = g.consumers(id)[0];
+    assert!(
+        g.inputs(consumer)
+            .iter()
+            .any(|t| t.node == id && t.output == 0)
+    );
+}
+
+fn trace(nodes: &str, outputs: &str) -> String {
+    format!(
+        r#"{{"schema": 1, "level": 1, "name": "t", "code_sha256": "", "torch": "test",
+            "status": "ok", "method": "fx", "nodes": [{nodes}], "outputs": [{outputs}]}}"#
+    )
+}
+
+const X: &str = r#"{"name": "x", "op": "input", "target": "x",
+    "out": {"tensor": {"shape": [4, 8], "dtype": "float32"}}}"#;
+
+#[test]
+fn an_unknown_call_becomes_an_opaque_node_with_its_inputs() {
+    let text = trace(
+        &format!(
+            r#"{X}, {{"name": "f", "op": "function", "target": "torch.special.bessel_j0",
+            "args": [{{"node": "x"}}], "kwargs": {{}},
+            "out": {{"tensor": {{"shape": [4, 8], "dtype": "float32"}}}}}}"#
+        ),
+        r#"{"node": "f"}"#,
+    );
+    let g = import_trace(&parse_trace(&text).unwrap()).unwrap().graph;
+    let (id, n) = g.opaque_nodes().next().expect("the call is kept");
+    assert_eq!(
+        n.op,
+        Op::Opaque {
+            target: "torch.special.bessel_j0".into(),
+            reason: "`special.bessel_j0` is not in the op vocabulary".into()
+        }
+    );
+    assert_eq!(g.inputs(id).len(), 1);
+    assert_eq!(g.outputs()[0].node, id);
+    let cost = node_cost(&g, id);
+    assert!(!cost.exact);
+    assert_eq!(cost.bytes, 2 * 4 * 32);
+}
+
+#[test]
+fn eval_mode_batch_norm_reads_running_statistics() {
+    let text = trace(
+        &format!(
+            r#"{X}, {{"name": "bn", "op": "module", "target": "bn", "module": "BatchNorm1d",
+            "training": false,
+            "attrs": {{"eps": 0.001, "affine": true, "track_running_stats": true}},
+            "params": {{"weight": {{"shape": [8], "dtype": "float32", "trainable": true}},
+                        "bias": {{"shape": [8], "dtype": "float32", "trainable": true}},
+                        "running_mean": {{"shape": [8], "dtype": "float32"}},
+                        "running_var": {{"shape": [8], "dtype": "float32"}}}},
+            "args": [{{"node": "x"}}], "kwargs": {{}},
+            "out": {{"tensor": {{"shape": [4, 8], "dtype": "float32"}}}}}}"#
+        ),
+        r#"{"node": "bn"}"#,
+    );
+    let g = import_trace(&parse_trace(&text).unwrap()).unwrap().graph;
+    let (id, n) = g.nodes().find(|(_, n)| n.name == "bn").unwrap();
+    match &n.op {
+        Op::Norm(norm) => {
+            assert!(!norm.batch_stats);
+            assert_eq!(norm.eps, 0.001);
+            assert!(norm.affine && norm.bias);
+        }
+        other => panic!("not a norm: {other}"),
+    }
+    // x, weight, bias, running_mean, running_var
+    assert_eq!(g.inputs(id).len(), 5);
+}
+
+#[test]
+fn broken_traces_are_refused_with_the_reason() {
+    let dangling = trace(
+        r#"{"name": "r", "op": "function", "target": "torch.relu", "args": [{"node": "nope"}],
+            "kwargs": {}, "out": {"tensor": {"shape": [1], "dtype": "float32"}}}"#,
+        r#"{"node": "r"}"#,
+    );
+    let e = import_trace(&parse_trace(&dangling).unwrap()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "malformed trace at node `r`: reference to unknown node `nope`"
+    );
+    let failed = r#"{"schema": 1, "status": "error", "error": "problem code failed: SyntaxError"}"#;
+    assert!(matches!(
+        import_trace(&parse_trace(failed).unwrap()),
+        Err(ImportError::Failed(m)) if m == "problem code failed: SyntaxError"
+    ));
+    let future = r#"{"schema": 99, "status": "ok"}"#;
+    assert_eq!(
+        parse_trace(future).unwrap_err().to_string(),
+        "trace schema 99 is not supported (this mtmc reads schema 1); regenerate it"
+    );
+}

@@ -1,0 +1,77 @@
+//! CPU hot paths of the problem side: importing traces into op graphs,
+//! costing them, and compiling intent programs. Prints figures; run with
+//! `cargo bench --bench graphs`.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use mtmc_actions::device::{MathMode, builtin_devices, roofline};
+use mtmc_actions::import::{import_trace, parse_trace};
+use mtmc_actions::intent::{Bindings, compile, parse_shapes};
+
+const TRACES: &str = include_str!("../traces/kernelbench.jsonl");
+
+/// Runs `f` repeatedly for about a second and returns the median of 15
+/// batches, per call.
+fn measure(mut f: impl FnMut()) -> Duration {
+    let start = Instant::now();
+    let mut calls = 0u32;
+    while start.elapsed() < Duration::from_millis(100) {
+        f();
+        calls += 1;
+    }
+    let per_batch = calls.max(1);
+    let mut samples: Vec<Duration> = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..per_batch {
+                f();
+            }
+            t.elapsed() / per_batch
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let lines: Vec<&str> = TRACES.lines().collect();
+    let parse = measure(|| {
+        for l in &lines {
+            black_box(parse_trace(l).unwrap());
+        }
+    });
+    let traces: Vec<_> = lines.iter().map(|l| parse_trace(l).unwrap()).collect();
+    let import = measure(|| {
+        for t in &traces {
+            black_box(import_trace(t).unwrap());
+        }
+    });
+    let graphs: Vec<_> = traces
+        .iter()
+        .map(|t| import_trace(t).unwrap().graph)
+        .collect();
+    let spec = &builtin_devices()[0];
+    let cost = measure(|| {
+        for g in &graphs {
+            black_box(roofline(g, spec, MathMode::default()));
+        }
+    });
+    let bindings = Bindings {
+        shapes: parse_shapes("x=4096x4096,w=4096x4096,b=4096").unwrap(),
+        dtype: None,
+    };
+    let intent = measure(|| {
+        black_box(compile("y = gelu(x @ w + b)\nz = softmax(y, dim=-1)", &bindings).unwrap());
+    });
+    let n = lines.len() as u32;
+    println!("{:<40} {:>12} {:>12}", "benchmark", "total", "per problem");
+    for (name, d) in [
+        ("parse 200 traces (JSON)", parse),
+        ("import 200 traces into op graphs", import),
+        ("roofline of 200 graphs (H100)", cost),
+    ] {
+        println!("{name:<40} {:>12.3?} {:>12.3?}", d, d / n);
+    }
+    println!("{:<40} {:>12.3?}", "compile a 2-statement intent", intent);
+}

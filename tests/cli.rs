@@ -1,0 +1,296 @@
+//! End-to-end tests of the `mtmc` binary: listings, graphs, and one clear
+//! error line with exit status 2 for each kind of bad input.
+
+mod common;
+
+use common::{mtmc, shared_jsonl, shared_problem_code};
+
+#[test]
+fn problems_lists_the_200_shared_problems_from_the_jsonl() {
+    let out = mtmc(&["problems", "--kernelbench", &shared_jsonl()]).success();
+    let rows = out.stdout.lines().filter(|l| l.starts_with('L')).count();
+    assert_eq!(rows, 200, "{}", out.stdout);
+    assert!(out.stdout.contains("200 problems from"));
+    assert!(
+        out.stdout
+            .contains("traced with no opaque node: L1 80/80, L2 80/80, L3 ")
+    );
+    let relu = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("L1/19 "))
+        .unwrap();
+    assert!(
+        relu.contains("19_ReLU") && relu.contains("pointwise"),
+        "{relu}"
+    );
+}
+
+#[test]
+fn problems_without_a_path_uses_the_built_in_traces() {
+    let out = mtmc(&["problems", "--level", "2"]).success();
+    assert_eq!(
+        out.stdout.lines().filter(|l| l.starts_with("L2/")).count(),
+        80
+    );
+    assert!(out.stdout.contains("traces built into mtmc"));
+}
+
+#[test]
+fn show_prints_the_graph_costs_and_roofline() {
+    let out = mtmc(&["show", "L2/1"]).success();
+    let s = &out.stdout;
+    assert!(
+        s.starts_with("L2/1_Conv2D_ReLU_BiasAdd (traced with fx"),
+        "{s}"
+    );
+    assert!(
+        s.contains("conv2d k=3x3 s=1x1 p=0x0 d=1x1 g=1 +bias"),
+        "{s}"
+    );
+    assert!(s.contains("f32[128x128x126x126]"), "{s}");
+    assert!(s.contains("total: 300 GFLOP in 7 nodes"), "{s}");
+    for device in ["H100", "H200"] {
+        assert!(
+            s.lines()
+                .any(|l| l.trim_start().starts_with(device) && l.contains("compute-bound")),
+            "{s}"
+        );
+    }
+}
+
+#[test]
+fn show_accepts_an_intent() {
+    let out = mtmc(&[
+        "show",
+        "--intent",
+        "y = gelu(x @ w + b)",
+        "--shape",
+        "x=4096x4096,w=4096x4096,b=4096",
+        "--dtype",
+        "f32",
+        "--device",
+        "h100",
+    ])
+    .success();
+    assert!(
+        out.stdout.contains("total: 138 GFLOP in 6 nodes"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("  H100 "), "{}", out.stdout);
+    assert!(!out.stdout.contains("  H200 "), "{}", out.stdout);
+}
+
+#[test]
+fn a_checkout_problem_with_known_code_needs_no_python() {
+    let dir = tempfile::tempdir().unwrap();
+    let level = dir.path().join("KernelBench").join("level1");
+    std::fs::create_dir_all(&level).unwrap();
+    std::fs::write(level.join("19_ReLU.py"), shared_problem_code(1, "19_ReLU")).unwrap();
+    std::fs::write(level.join("helpers.py"), "# not a problem\n").unwrap();
+    let out = mtmc(&[
+        "show",
+        "19_ReLU",
+        "--kernelbench",
+        dir.path().to_str().unwrap(),
+    ])
+    .env("MTMC_PYTHON", "/nonexistent/python3")
+    .success();
+    assert!(out.stdout.starts_with("L1/19_ReLU "), "{}", out.stdout);
+}
+
+/// A problem whose code matches no built-in trace must be traced with torch.
+fn changed_checkout() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let level = dir.path().join("level1");
+    std::fs::create_dir_all(&level).unwrap();
+    let code = shared_problem_code(1, "19_ReLU").replace("batch_size = ", "batch_size = 2 * ");
+    std::fs::write(level.join("19_ReLU.py"), code).unwrap();
+    dir
+}
+
+#[test]
+fn tracing_without_python_says_how_to_fix_it() {
+    let dir = changed_checkout();
+    let cache = tempfile::tempdir().unwrap();
+    let out = mtmc(&[
+        "show",
+        "L1/19",
+        "--kernelbench",
+        dir.path().to_str().unwrap(),
+    ])
+    .env("MTMC_PYTHON", "/nonexistent/python3")
+    .env("MTMC_CACHE_DIR", cache.path())
+    .failure();
+    assert!(
+        out.error
+            .contains("/nonexistent/python3 could not be started")
+            && out.error.contains("set MTMC_PYTHON"),
+        "{}",
+        out.error
+    );
+}
+
+#[test]
+fn tracing_on_the_fly_uses_torch_where_python_has_it() {
+    let dir = changed_checkout();
+    let cache = tempfile::tempdir().unwrap();
+    let has_torch = std::process::Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let run = || {
+        mtmc(&[
+            "show",
+            "L1/19",
+            "--kernelbench",
+            dir.path().to_str().unwrap(),
+        ])
+        .env("MTMC_PYTHON", "python3")
+        .env("MTMC_CACHE_DIR", cache.path())
+    };
+    if has_torch {
+        let first = run().success();
+        assert!(
+            first.stdout.contains("f32[8192x393216]"),
+            "{}",
+            first.stdout
+        );
+        assert!(first.stderr.contains("tracing 1 problem(s)"));
+        let cached = std::fs::read_dir(cache.path().join("traces"))
+            .unwrap()
+            .count();
+        assert_eq!(cached, 1);
+        let second = run().success();
+        assert!(!second.stderr.contains("tracing"), "{}", second.stderr);
+    } else {
+        let out = run().failure();
+        assert!(
+            out.error.contains("has no torch") && out.error.contains("-m pip install torch"),
+            "{}",
+            out.error
+        );
+    }
+}
+
+#[test]
+fn a_missing_path_is_one_error_line() {
+    let out = mtmc(&["problems", "--kernelbench", "/no/such/problems.jsonl"]).failure();
+    assert_eq!(
+        out.error,
+        "error: cannot read KernelBench path `/no/such/problems.jsonl`; pass --kernelbench with \
+         a problems.jsonl or a KernelBench checkout: No such file or directory (os error 2)"
+    );
+}
+
+#[test]
+fn a_malformed_jsonl_line_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.jsonl");
+    std::fs::write(
+        &file,
+        "{\"level\":1,\"problem_id\":1,\"name\":\"1_A\",\"code\":\"\"}\n{\"level\": 1,\n",
+    )
+    .unwrap();
+    let out = mtmc(&["problems", "--kernelbench", file.to_str().unwrap()]).failure();
+    assert!(
+        out.error
+            .contains("p.jsonl` is not a KernelBench problems.jsonl"),
+        "{}",
+        out.error
+    );
+    assert!(out.error.contains(": line 2: "), "{}", out.error);
+}
+
+#[test]
+fn an_unknown_problem_suggests_names() {
+    let out = mtmc(&["show", "Conv2D_ReLU"]).failure();
+    assert_eq!(
+        out.error,
+        "error: no problem named `Conv2D_ReLU`; did you mean L2/1_Conv2D_ReLU_BiasAdd, \
+         L2/57_Conv2d_ReLU_HardSwish?"
+    );
+}
+
+#[test]
+fn bad_intent_syntax_points_at_line_and_column() {
+    let out = mtmc(&[
+        "show",
+        "--intent",
+        "y = relu(x)\nz = y +* 2",
+        "--shape",
+        "x=8",
+    ])
+    .failure();
+    assert_eq!(
+        out.error,
+        "error: --intent, line 2, column 8: expected an expression, found `*`"
+    );
+}
+
+#[test]
+fn inconsistent_shapes_are_one_error_line() {
+    let out = mtmc(&["show", "--intent", "y = x @ w", "--shape", "x=8x4,w=8x4"]).failure();
+    assert_eq!(
+        out.error,
+        "error: --intent, line 1, column 7: `@` needs matching inner dims, but f32[8x4] has 4 \
+         columns and f32[8x4] has 8 rows"
+    );
+    let out = mtmc(&["show", "--intent", "y = x", "--shape", "x=8by4"]).failure();
+    assert!(
+        out.error.starts_with("error: --shape `x=8by4`: "),
+        "{}",
+        out.error
+    );
+    let out = mtmc(&["show", "L1/19", "--device", "A100"]).failure();
+    assert_eq!(
+        out.error,
+        "error: unknown device `A100`; built in: H100, H200"
+    );
+}
+
+#[test]
+fn help_lists_only_working_commands() {
+    let out = mtmc(&["--help"]).success();
+    let commands: Vec<&str> = out
+        .stdout
+        .split("Commands:")
+        .nth(1)
+        .unwrap()
+        .split("Options:")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(commands, ["problems", "show", "doctor", "help"]);
+}
+
+#[test]
+fn doctor_reports_each_component_with_a_fix() {
+    let out = mtmc(&["doctor"]).success();
+    for component in ["GPU", "NVRTC", "python"] {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(component)),
+            "{component} missing from:\n{}",
+            out.stdout
+        );
+    }
+    for line in out.stdout.lines().filter(|l| l.starts_with("missing")) {
+        let _ = line;
+        assert!(out.stdout.contains("fix: "), "{}", out.stdout);
+    }
+    // The test script installs NVRTC from pip and puts it on the library path.
+    if std::env::var_os("MTMC_EXPECT_NVRTC").is_some() {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with("ok") && l.contains("NVRTC") && l.contains("13.")),
+            "{}",
+            out.stdout
+        );
+    }
+}

@@ -1,0 +1,117 @@
+//! Helpers shared by the end-to-end tests.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A prepared run of the binary.
+pub struct Run(Command);
+
+/// What a finished run printed.
+pub struct Output {
+    pub stdout: String,
+    pub stderr: String,
+    /// The stderr's one line, for failures.
+    pub error: String,
+}
+
+/// The binary with arguments, isolated from the caller's settings.
+pub fn mtmc(args: &[&str]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mtmc"));
+    cmd.args(args)
+        .env_remove("MTMC_KERNELBENCH")
+        .env_remove("MTMC_PYTHON")
+        .env_remove("RUST_BACKTRACE");
+    Run(cmd)
+}
+
+impl Run {
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Run {
+        self.0.env(key, value);
+        self
+    }
+
+    fn output(mut self) -> (std::process::ExitStatus, Output) {
+        let out = self.0.output().expect("the binary runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let error = stderr
+            .lines()
+            .filter(|l| l.starts_with("error: "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        (
+            out.status,
+            Output {
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr,
+                error,
+            },
+        )
+    }
+
+    /// Runs and expects exit status 0.
+    #[track_caller]
+    pub fn success(self) -> Output {
+        let (status, out) = self.output();
+        assert!(
+            status.success(),
+            "exit {status}\nstdout:\n{}\nstderr:\n{}",
+            out.stdout,
+            out.stderr
+        );
+        out
+    }
+
+    /// Runs and expects exit status 2 with exactly one `error:` line and no panic.
+    #[track_caller]
+    pub fn failure(self) -> Output {
+        let (status, out) = self.output();
+        assert_eq!(
+            status.code(),
+            Some(2),
+            "stdout:\n{}\nstderr:\n{}",
+            out.stdout,
+            out.stderr
+        );
+        assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+        assert!(!out.stderr.contains("backtrace"), "{}", out.stderr);
+        assert_eq!(
+            out.stderr
+                .lines()
+                .filter(|l| l.starts_with("error: "))
+                .count(),
+            1,
+            "{}",
+            out.stderr
+        );
+        out
+    }
+}
+
+/// The shared KernelBench problems file beside the checkout.
+pub fn shared_jsonl() -> String {
+    let path: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "..",
+        "shared",
+        "kernelbench",
+        "problems.jsonl",
+    ]
+    .iter()
+    .collect();
+    assert!(
+        path.is_file(),
+        "these tests read the shared KernelBench problems at {}",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
+
+/// The code of one shared problem.
+pub fn shared_problem_code(level: u64, name: &str) -> String {
+    let text = std::fs::read_to_string(shared_jsonl()).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["level"] == level && v["name"] == name)
+        .and_then(|v| v["code"].as_str().map(str::to_string))
+        .unwrap_or_else(|| panic!("no shared problem L{level}/{name}"))
+}
