@@ -49,8 +49,8 @@ pub struct Problems {
 
 /// A problem's graph, or why there is none.
 pub struct Traced {
-    /// The trace it came from.
-    pub trace: Trace,
+    /// The trace it came from; `None` when tracing could not run.
+    pub trace: Option<Trace>,
     /// The imported graph, or why it failed.
     pub graph: Result<OpGraph, String>,
 }
@@ -139,12 +139,13 @@ impl Problems {
     }
 
     /// The graphs of `problems`, tracing in one Python run those that have
-    /// no built-in or cached trace. With `allow_tracing` false, untraced
-    /// problems get an error entry instead.
-    pub fn graphs(&self, problems: &[&Problem], allow_tracing: bool) -> Result<Vec<Traced>> {
+    /// no built-in or cached trace. When tracing cannot run, those problems
+    /// get an entry saying why, and the others are still returned.
+    pub fn graphs(&self, problems: &[&Problem]) -> Result<Vec<Traced>> {
         let cache = cache_dir().map(|d| d.join("traces"));
         let mut texts: Vec<Option<String>> = Vec::with_capacity(problems.len());
         let mut missing = Vec::new();
+        let mut failure = None;
         for (i, p) in problems.iter().enumerate() {
             let hash = self.hash(p);
             let text = self.builtin.get(&hash).map(|s| s.to_string()).or_else(|| {
@@ -157,9 +158,6 @@ impl Problems {
             texts.push(text);
         }
         if !missing.is_empty() {
-            if !allow_tracing {
-                bail!("{} problem(s) have no trace", missing.len());
-            }
             let requests: Vec<_> = missing
                 .iter()
                 .map(|&i| mtmc_env::tracer::TraceRequest {
@@ -181,29 +179,46 @@ impl Problems {
             if tty {
                 eprintln!();
             }
-            let traced = traced.context("cannot trace the problem's graph")?;
-            for (&i, text) in missing.iter().zip(traced) {
-                let ok = parse_trace(&text).is_ok_and(|t| t.status == "ok");
-                if let (Some(dir), true) = (&cache, ok) {
-                    store(dir, &self.hash(problems[i]), &text);
+            match traced {
+                Ok(traced) => {
+                    for (&i, text) in missing.iter().zip(traced) {
+                        let ok = parse_trace(&text).is_ok_and(|t| t.status == "ok");
+                        if let (Some(dir), true) = (&cache, ok) {
+                            store(dir, &self.hash(problems[i]), &text);
+                        }
+                        texts[i] = Some(text);
+                    }
                 }
-                texts[i] = Some(text);
+                Err(e) => failure = Some(format!("cannot trace it: {e}")),
             }
         }
         texts
             .into_iter()
             .zip(problems)
-            .map(|(text, p)| {
-                let text = text.expect("every problem has a trace by now");
-                let trace = parse_trace(&text)
-                    .with_context(|| format!("the stored trace of {p} is unreadable"))?;
-                let graph = import_trace(&trace)
-                    .map(|im| im.graph)
-                    .map_err(|e| e.to_string());
-                Ok(Traced { trace, graph })
+            .map(|(text, p)| match (text, &failure) {
+                (Some(text), _) => traced_from(&text, p),
+                (None, Some(why)) => Ok(Traced {
+                    trace: None,
+                    graph: Err(why.clone()),
+                }),
+                (None, None) => {
+                    unreachable!("a problem without a trace is traced or has a failure")
+                }
             })
             .collect()
     }
+}
+
+fn traced_from(text: &str, p: &Problem) -> Result<Traced> {
+    let trace =
+        parse_trace(text).with_context(|| format!("the stored trace of {p} is unreadable"))?;
+    let graph = import_trace(&trace)
+        .map(|im| im.graph)
+        .map_err(|e| e.to_string());
+    Ok(Traced {
+        trace: Some(trace),
+        graph,
+    })
 }
 
 /// Writes a trace atomically (temp file, then rename), so an interrupted

@@ -20,7 +20,7 @@ pub fn run(
         .iter()
         .filter(|p| level.is_none_or(|l| p.level == l))
         .collect();
-    let graphs = problems.graphs(&chosen, true)?;
+    let graphs = problems.graphs(&chosen)?;
     let mut rows = Vec::new();
     // Per level: (problems, traced with no opaque node).
     let mut full = std::collections::BTreeMap::<u32, (usize, usize)>::new();

@@ -45,16 +45,19 @@ pub fn run(out: &mut dyn std::io::Write, subject: Subject<'_>, device: Option<&s
         Subject::Problem { kernelbench, name } => {
             let problems = crate::source::Problems::load(kernelbench)?;
             let p = problems.find(name)?;
-            let traced = problems.graphs(&[p], true)?.remove(0);
-            let how = format!(
-                "traced with {} on {}, torch {}",
-                traced.trace.method.as_deref().unwrap_or("?"),
-                traced.trace.device.as_deref().unwrap_or("?"),
-                traced.trace.torch
-            );
+            let traced = problems.graphs(&[p])?.remove(0);
             let graph = match traced.graph {
                 Ok(g) => g,
                 Err(why) => bail!("{p} has no graph: {why}"),
+            };
+            let how = match &traced.trace {
+                Some(t) => format!(
+                    "traced with {} on {}, torch {}",
+                    t.method.as_deref().unwrap_or("?"),
+                    t.device.as_deref().unwrap_or("?"),
+                    t.torch
+                ),
+                None => String::new(),
             };
             (format!("{} ({how})", p.full_name()), graph)
         }

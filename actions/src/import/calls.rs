@@ -405,18 +405,18 @@ fn extremum(im: &Importer, c: &Call, max: bool) -> Lower {
     reduce(im, c, op)
 }
 
-fn permute(im: &Importer, c: &Call) -> Lower {
+fn permute(im: &Importer, c: &Call, how: &str) -> Lower {
     let x = c.tensor(0, "input")?;
     let rank = rank_of(im, x);
     let mut perm: Vec<usize> = (0..rank).collect();
-    match c.key.as_str() {
+    match how {
         "transpose" | "swapaxes" | "swapdims" => {
             let a = norm_dim(c.ints(1, "dim0")?.ok_or("missing dim0")?[0], rank)?;
             let b = norm_dim(c.ints(2, "dim1")?.ok_or("missing dim1")?[0], rank)?;
             perm.swap(a, b);
         }
-        "t" | "getattr:T" => perm.reverse(),
-        "getattr:mT" if rank >= 2 => perm.swap(rank - 2, rank - 1),
+        "t" | "T" => perm.reverse(),
+        "mT" if rank >= 2 => perm.swap(rank - 2, rank - 1),
         "permute" => {
             let dims: Vec<i64> = match c.args.get(1) {
                 Some(Val::Const(Value::Array(_))) => c.ints(1, "dims")?.unwrap_or_default(),
@@ -468,7 +468,7 @@ fn subscript(v: &Value) -> String {
     }
 }
 
-fn getitem(im: &Importer, c: &Call) -> Lower {
+fn getitem(c: &Call) -> Lower {
     let index = c.args.get(1).ok_or("missing index")?;
     match c.args.first() {
         Some(Val::Tuple(items)) => match index {
@@ -492,7 +492,6 @@ fn getitem(im: &Importer, c: &Call) -> Lower {
                     Val::Const(v) => subscript(v),
                     _ => String::new(),
                 };
-                let _ = im;
                 Ok(Lowered::Node(
                     Op::Layout(Layout::Slice {
                         subscript: format!("[{text}]"),
@@ -1385,7 +1384,7 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                 vec![c.tensor(0, "input")?],
             ))
         }
-        "transpose" | "swapaxes" | "swapdims" | "permute" | "t" => permute(im, c),
+        "transpose" | "swapaxes" | "swapdims" | "permute" | "t" => permute(im, c, key),
         "getattr" => {
             let attr = c.konst(1, "name").and_then(Value::as_str).unwrap_or("");
             // `torch.max(x, dim)` returns a named tuple (values, indices).
@@ -1401,16 +1400,7 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                     .map(Lowered::Alias)
                     .ok_or_else(|| format!("tuple has no `{attr}`"));
             }
-            let c2 = Call {
-                key: format!("getattr:{attr}"),
-                args: c.args.clone(),
-                kwargs: BTreeMap::new(),
-                attrs: c.attrs,
-                params: BTreeMap::new(),
-                training: c.training,
-                out: c.out,
-            };
-            permute(im, &c2)
+            permute(im, c, attr)
         }
         "expand" | "expand_as" | "broadcast_to" => Ok(Lowered::Node(
             Op::Layout(Layout::Expand),
@@ -1446,7 +1436,7 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                 vec![c.tensor(0, "input")?],
             ))
         }
-        "getitem" => getitem(im, c),
+        "getitem" => getitem(c),
         "narrow" | "select" | "chunk" | "split" | "unbind" | "tensor_split" | "diagonal" => {
             let x = c.tensor(0, "input")?;
             let rest: Vec<String> = c.args[1..]
