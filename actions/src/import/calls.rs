@@ -263,7 +263,11 @@ pub(super) fn import_call(im: &mut Importer, node: &TraceNode) -> Result<Val, Im
         training: node.training.unwrap_or(true),
         out: &node.out,
     };
-    let lowered = lower(im, &call);
+    let lowered = match super::composite::expand(im, node, &call.args, &call.kwargs, &call.params) {
+        Some(Ok(val)) => return Ok(val),
+        Some(Err(reason)) => Err(format!("not expanded: {reason}")),
+        None => lower(im, &call),
+    };
     match lowered {
         Ok(Lowered::Alias(v)) => Ok(v),
         Ok(Lowered::Node(op, inputs)) => im.emit(&node.name, op, &inputs, &node.out),

@@ -8,6 +8,7 @@
 //! traced types, so the graph never loses a step of the model.
 
 mod calls;
+mod composite;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -76,7 +77,10 @@ pub struct TraceNode {
     /// A called module's hyperparameters.
     #[serde(default)]
     pub attrs: BTreeMap<String, Value>,
-    /// A called module's own parameters and buffers.
+    /// A called module's submodules (for composite modules), by path.
+    #[serde(default)]
+    pub children: BTreeMap<String, ChildModule>,
+    /// A called module's parameters and buffers, its children's included.
     #[serde(default)]
     pub params: BTreeMap<String, ParamMeta>,
     /// Positional arguments.
@@ -88,6 +92,16 @@ pub struct TraceNode {
     /// Type of the result: `{"tensor": …}`, `{"tuple": […]}` or `{"value": …}`.
     #[serde(default)]
     pub out: Value,
+}
+
+/// A submodule of a called module.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChildModule {
+    /// Class name.
+    pub module: String,
+    /// Hyperparameters.
+    #[serde(default)]
+    pub attrs: BTreeMap<String, Value>,
 }
 
 /// A module parameter's type.
