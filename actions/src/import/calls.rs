@@ -706,9 +706,15 @@ fn norm(c: &Call, kind: NormKind) -> Lower {
                 true,
                 vec![],
             ),
-            "F.batch_norm" => {
-                let training = c.bool_or(5, "training", false);
-                let stats = if training {
+            // Both take (input, running_mean, running_var, weight, bias,
+            // use-batch-statistics flag, momentum, eps).
+            "F.batch_norm" | "F.instance_norm" => {
+                let batch_stats = if c.key == "F.batch_norm" {
+                    c.bool_or(5, "training", false)
+                } else {
+                    c.bool_or(5, "use_input_stats", true)
+                };
+                let stats = if batch_stats {
                     vec![]
                 } else {
                     [
@@ -723,28 +729,7 @@ fn norm(c: &Call, kind: NormKind) -> Lower {
                     c.f64_or(7, "eps", 1e-5)?,
                     c.opt_tensor(3, "weight"),
                     c.opt_tensor(4, "bias"),
-                    training,
-                    stats,
-                )
-            }
-            "F.instance_norm" => {
-                let use_input_stats = c.bool_or(5, "use_input_stats", true);
-                let stats = if use_input_stats {
-                    vec![]
-                } else {
-                    [
-                        c.opt_tensor(1, "running_mean"),
-                        c.opt_tensor(2, "running_var"),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .collect()
-                };
-                (
-                    c.f64_or(7, "eps", 1e-5)?,
-                    c.opt_tensor(3, "weight"),
-                    c.opt_tensor(4, "bias"),
-                    use_input_stats,
+                    batch_stats,
                     stats,
                 )
             }
