@@ -124,6 +124,57 @@ impl OpGraph {
         self.graph[id].name = name.into();
     }
 
+    /// The operation of a node, for rewrites.
+    pub fn op_mut(&mut self, id: NodeId) -> &mut Op {
+        &mut self.graph[id].op
+    }
+
+    /// Makes input `slot` of `consumer` read `from` instead. Both must be in
+    /// the graph and `from` must come before `consumer` (it keeps the order
+    /// topological).
+    pub fn replace_input(&mut self, consumer: NodeId, slot: usize, from: TensorRef) {
+        debug_assert!(
+            self.position(from.node) < self.position(consumer),
+            "a rewired input must come before its consumer"
+        );
+        let old = self
+            .graph
+            .edges_directed(consumer, Direction::Incoming)
+            .find(|e| e.weight().slot == slot)
+            .map(|e| e.id());
+        if let Some(edge) = old {
+            self.graph.remove_edge(edge);
+        }
+        self.graph.add_edge(
+            from.node,
+            consumer,
+            Edge {
+                output: from.output,
+                slot,
+            },
+        );
+    }
+
+    /// Removes a node that nothing reads and that is no graph output.
+    /// Returns whether it was removed.
+    pub fn remove_unread(&mut self, id: NodeId) -> bool {
+        let read =
+            self.consumers(id).iter().any(|_| true) || self.outputs.iter().any(|t| t.node == id);
+        if read {
+            return false;
+        }
+        self.graph.remove_node(id);
+        self.order.retain(|&n| n != id);
+        true
+    }
+
+    fn position(&self, id: NodeId) -> usize {
+        self.order
+            .iter()
+            .position(|&n| n == id)
+            .unwrap_or(usize::MAX)
+    }
+
     /// Declares the graph's results, in order.
     pub fn set_outputs(&mut self, outputs: Vec<TensorRef>) {
         self.outputs = outputs;

@@ -7,7 +7,8 @@
 //! - [`device`]: device specs as data and the roofline bound;
 //! - [`import`]: torch traces (JSON from the Python tracer) into op graphs;
 //! - [`problem`]: KernelBench problems and their names;
-//! - [`intent`]: the intent language (`y = gelu(x @ w + b)`).
+//! - [`intent`]: the intent language (`y = gelu(x @ w + b)`);
+//! - [`normalize`]: normal forms (transposes folded into matmuls).
 //!
 //! This crate does no I/O: callers hand it text and get values or errors back.
 
@@ -17,6 +18,7 @@ pub mod dtype;
 pub mod graph;
 pub mod import;
 pub mod intent;
+pub mod normalize;
 pub mod op;
 pub mod problem;
 

@@ -134,6 +134,15 @@ fn square_matmul_has_two_n_cubed_flops() {
 }
 
 #[test]
+fn a_transposed_operand_becomes_the_matmul_flag() {
+    let g = &fixtures()["L1/16_Matmul_with_transposed_A"];
+    let ops: Vec<String> = g.nodes().map(|(_, n)| n.op.to_string()).collect();
+    assert_eq!(ops, ["input A", "input B", "matmul Aᵀ"]);
+    // A is [K, M] = [8192, 2048]: the contraction runs over 8192.
+    assert_eq!(graph_cost(g).unfused.flops, 2 * 2048 * 4096 * 8192);
+}
+
+#[test]
 fn conv_relu_bias_add_counts_each_op() {
     let g = &fixtures()["L2/1_Conv2D_ReLU_BiasAdd"];
     // x [128,64,128,128], weight [128,64,3,3] + bias → [128,128,126,126]

@@ -207,6 +207,7 @@ pub fn import_trace(trace: &Trace) -> Result<Imported, ImportError> {
         im.decode(out)?.tensors(&mut outputs);
     }
     im.graph.set_outputs(outputs);
+    crate::normalize::normalize(&mut im.graph);
     Ok(Imported {
         graph: im.graph,
         method: trace.method.clone().unwrap_or_default(),

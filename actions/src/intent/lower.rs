@@ -77,6 +77,7 @@ impl<'a> Lowerer<'a> {
             ));
         }
         self.graph.set_outputs(outputs);
+        crate::normalize::normalize(&mut self.graph);
         Ok(self.graph)
     }
 
