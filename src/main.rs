@@ -57,6 +57,15 @@ enum Command {
         #[arg(long)]
         device: Option<String>,
     },
+    /// Compile a CUDA file with NVRTC for sm_90 and report each kernel's
+    /// registers, shared memory, spills and occupancy (no GPU needed).
+    Compile {
+        /// A .cu file; kernels to launch are `extern "C" __global__`.
+        file: PathBuf,
+        /// Threads per block for the occupancy figure.
+        #[arg(long, default_value_t = 256)]
+        block: u32,
+    },
     /// Check the GPU and driver, NVRTC, and Python with torch, triton and cupy.
     Doctor,
 }
@@ -108,6 +117,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             };
             cmd::show::run(out, subject, device.as_deref())
         }
+        Command::Compile { file, block } => cmd::compile::run(out, &file, block),
         Command::Doctor => cmd::doctor::run(out),
     }
 }

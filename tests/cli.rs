@@ -264,7 +264,7 @@ fn help_lists_only_working_commands() {
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    assert_eq!(commands, ["problems", "show", "doctor", "help"]);
+    assert_eq!(commands, ["problems", "show", "compile", "doctor", "help"]);
 }
 
 #[test]
@@ -293,4 +293,67 @@ fn doctor_reports_each_component_with_a_fix() {
             out.stdout
         );
     }
+}
+
+/// Whether the test script put NVRTC on the library path.
+fn nvrtc_expected() -> bool {
+    std::env::var_os("MTMC_EXPECT_NVRTC").is_some()
+}
+
+#[test]
+fn compile_reports_each_kernel_or_says_nvrtc_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("relu.cu");
+    std::fs::write(
+        &file,
+        "extern \"C\" __global__ void relu(const float* x, float* y, long n) {\n\
+         long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n\
+         if (i < n) y[i] = fmaxf(x[i], 0.0f);\n}\n",
+    )
+    .unwrap();
+    let run = mtmc(&["compile", file.to_str().unwrap(), "--block", "128"]);
+    if nvrtc_expected() {
+        let out = run.success();
+        assert!(
+            out.stdout.starts_with("relu.cu compiled for sm_90 in "),
+            "{}",
+            out.stdout
+        );
+        let row = out.stdout.lines().find(|l| l.starts_with("relu ")).unwrap();
+        assert!(row.contains("none") && row.ends_with("100%"), "{row}");
+        assert!(out.stdout.contains("OCCUPANCY@128"));
+    } else {
+        let out = run.failure();
+        assert!(
+            out.error.contains("NVRTC is not available"),
+            "{}",
+            out.error
+        );
+        assert!(out.error.contains("mtmc doctor"), "{}", out.error);
+    }
+}
+
+#[test]
+fn compile_errors_are_listed_with_their_lines() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.cu");
+    std::fs::write(
+        &file,
+        "extern \"C\" __global__ void k(float* y) {\n  y[0] = nope;\n}\n",
+    )
+    .unwrap();
+    let out = mtmc(&["compile", file.to_str().unwrap()]).failure();
+    assert_eq!(
+        out.stdout,
+        "bad.cu:2: error: identifier \"nope\" is undefined\n"
+    );
+    assert!(
+        out.error
+            .ends_with("bad.cu` does not compile (1 error(s) above)"),
+        "{}",
+        out.error
+    );
 }

@@ -1,6 +1,8 @@
 //! The machine side of mtmc: what is installed, and running Python tools.
 //!
 //! - [`python`]: finding the Python interpreter that has torch;
+//! - [`nvrtc`]: compiling CUDA C++ with NVRTC (no GPU needed): logs,
+//!   diagnostics, per-kernel resources, occupancy;
 //! - [`probe`]: what `mtmc doctor` reports (GPU and driver, NVRTC, Python
 //!   packages), each with the fix when it is missing;
 //! - [`tracer`]: running the graph tracer (`python/trace_graph.py`, shipped
@@ -9,6 +11,7 @@
 //! Architecture invariant: nothing here panics when a library, a GPU or an
 //! interpreter is missing; every probe returns what it found or why not.
 
+pub mod nvrtc;
 pub mod probe;
 pub mod python;
 pub mod tracer;

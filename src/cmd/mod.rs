@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod compile;
 pub mod doctor;
 pub mod problems;
 pub mod show;
