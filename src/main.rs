@@ -66,6 +66,26 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         block: u32,
     },
+    /// Evaluate a candidate `ModelNew` (Python source) on a problem with the
+    /// KernelBench protocol: correctness over 5 random inputs, then timing
+    /// against eager PyTorch. Needs python3 with torch and a GPU.
+    Eval {
+        /// A problem: `L1/19`, `L1/19_ReLU` or a file name.
+        problem: String,
+        /// A candidate's Python file, defining `ModelNew`; repeat to
+        /// evaluate several in order with one worker.
+        #[arg(long = "candidate", value_name = "FILE", required = true)]
+        candidates: Vec<PathBuf>,
+        /// Timed trials.
+        #[arg(long, default_value_t = 100)]
+        trials: u32,
+        /// Seconds before a candidate's evaluation is stopped (and counted as a timeout).
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// Also write the outcome as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
     /// Check the GPU and driver, NVRTC, and Python with torch, triton and cupy.
     Doctor,
 }
@@ -118,6 +138,23 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             cmd::show::run(out, subject, device.as_deref())
         }
         Command::Compile { file, block } => cmd::compile::run(out, &file, block),
+        Command::Eval {
+            problem,
+            candidates,
+            trials,
+            timeout,
+            json,
+        } => cmd::eval::run(
+            out,
+            cmd::eval::Request {
+                kernelbench: kb,
+                problem: &problem,
+                candidates: &candidates,
+                trials,
+                timeout: std::time::Duration::from_secs(timeout),
+                json: json.as_deref(),
+            },
+        ),
         Command::Doctor => cmd::doctor::run(out),
     }
 }

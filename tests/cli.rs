@@ -264,7 +264,10 @@ fn help_lists_only_working_commands() {
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    assert_eq!(commands, ["problems", "show", "compile", "doctor", "help"]);
+    assert_eq!(
+        commands,
+        ["problems", "show", "compile", "eval", "doctor", "help"]
+    );
 }
 
 #[test]
@@ -353,6 +356,47 @@ fn compile_errors_are_listed_with_their_lines() {
     assert!(
         out.error
             .ends_with("bad.cu` does not compile (1 error(s) above)"),
+        "{}",
+        out.error
+    );
+}
+
+#[test]
+fn eval_needs_the_problem_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let cand = dir.path().join("c.py");
+    std::fs::write(&cand, "class ModelNew: pass\n").unwrap();
+    let out = mtmc(&["eval", "L1/19", "--candidate", cand.to_str().unwrap()]).failure();
+    assert!(
+        out.error.contains("needs L1/19_ReLU's code") && out.error.contains("--kernelbench"),
+        "{}",
+        out.error
+    );
+}
+
+#[test]
+fn eval_without_torch_says_how_to_fix_it() {
+    let has_torch = std::process::Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_torch {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cand = dir.path().join("c.py");
+    std::fs::write(&cand, "class ModelNew: pass\n").unwrap();
+    let out = mtmc(&[
+        "eval",
+        "L1/19",
+        "--kernelbench",
+        &shared_jsonl(),
+        "--candidate",
+        cand.to_str().unwrap(),
+    ])
+    .failure();
+    assert!(
+        out.error.contains("python3 has no torch") && out.error.contains("MTMC_PYTHON"),
         "{}",
         out.error
     );

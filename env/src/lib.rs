@@ -5,6 +5,7 @@
 //!   diagnostics, per-kernel resources, occupancy;
 //! - [`probe`]: what `mtmc doctor` reports (GPU and driver, NVRTC, Python
 //!   packages), each with the fix when it is missing;
+//! - [`worker`]: the persistent Python evaluation worker and its supervision;
 //! - [`tracer`]: running the graph tracer (`python/trace_graph.py`, shipped
 //!   inside the binary) on KernelBench problems.
 //!
@@ -15,3 +16,4 @@ pub mod nvrtc;
 pub mod probe;
 pub mod python;
 pub mod tracer;
+pub mod worker;

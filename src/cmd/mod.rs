@@ -2,5 +2,6 @@
 
 pub mod compile;
 pub mod doctor;
+pub mod eval;
 pub mod problems;
 pub mod show;
