@@ -102,7 +102,8 @@ fn print(out: &mut dyn std::io::Write, candidate: &str, o: &EvalOutcome) -> Resu
     writeln!(out, "{candidate}: {}", o.status)?;
     for (label, value) in [("error", &o.error), ("why", &o.why)] {
         if let Some(v) = value {
-            writeln!(out, "  {label}: {v}")?;
+            // The first line; the JSON output keeps the whole text.
+            writeln!(out, "  {label}: {}", v.lines().next().unwrap_or_default())?;
         }
     }
     if let Some(index) = &o.first_bad_index {
