@@ -40,6 +40,8 @@ def torch():
         import torch as t
 
         _torch = t
+        # Before any candidate code can touch them.
+        _TIMERS.update(Event=t.cuda.Event, synchronize=t.cuda.synchronize)
     return _torch
 
 
@@ -96,24 +98,38 @@ def flush_l2(device):
     _l2_flush.fill_(1.0)
 
 
+# The timing primitives, taken when torch is first imported and before any
+# candidate code runs, so that a candidate cannot swap them for fakes.
+_TIMERS = {}
+
+
+def timers():
+    torch()
+    return _TIMERS
+
+
 def time_cuda(fn, inputs, warmup, trials, device):
-    """Milliseconds per call, one CUDA-event pair per trial, L2 flushed first."""
+    """Milliseconds per call, one CUDA-event pair per trial, L2 flushed first.
+
+    The end event is recorded only after the whole device is synchronized, so
+    work that a candidate puts on other streams is inside the measured span."""
+    tm = timers()
+    sync, event = tm["synchronize"], tm["Event"]
     t = torch()
     with t.no_grad():
         for _ in range(warmup):
             fn(*inputs)
-        t.cuda.synchronize(device)
+        sync(device)
         times = []
         for _ in range(trials):
             flush_l2(device)
-            start = t.cuda.Event(enable_timing=True)
-            end = t.cuda.Event(enable_timing=True)
+            start = event(enable_timing=True)
+            end = event(enable_timing=True)
             start.record()
             fn(*inputs)
+            sync(device)
             end.record()
-            # Synchronizing the whole device also waits for work that a
-            # candidate put on other streams, so it cannot escape the timer.
-            t.cuda.synchronize(device)
+            end.synchronize()
             times.append(start.elapsed_time(end))
     return stats(times)
 
@@ -131,8 +147,10 @@ def compare(ref, out, atol, rtol, min_scale_ratio):
     """KernelBench's allclose plus a check against the output's scale, so that
     outputs small enough to fit inside atol (zeros) do not pass."""
     t = torch()
-    if not isinstance(out, t.Tensor):
-        return {"ok": False, "why": f"the candidate returned {type(out).__name__}, not a tensor"}
+    # Exactly a tensor: a subclass could compute lazily, when read, outside
+    # the timed span.
+    if type(out) is not t.Tensor:
+        return {"ok": False, "why": f"the candidate returned {type(out).__name__}, not a plain torch.Tensor"}
     if tuple(out.shape) != tuple(ref.shape):
         return {"ok": False, "why": f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}"}
     if out.dtype != ref.dtype:
@@ -143,8 +161,8 @@ def compare(ref, out, atol, rtol, min_scale_ratio):
     chunk = 1 << 24
     max_abs, scale, first_bad = 0.0, 0.0, None
     for begin in range(0, r_flat.numel(), chunk):
-        r = r_flat[begin : begin + chunk].double()
         o = o_flat[begin : begin + chunk].double()
+        r = r_flat[begin : begin + chunk].to(o.device).double()
         diff = t.nan_to_num((o - r).abs(), nan=math.inf)
         max_abs = max(max_abs, float(diff.max()))
         scale = max(scale, float(t.nan_to_num(r.abs(), nan=0.0).max()))
@@ -184,13 +202,70 @@ def mutated(before, after):
     return None
 
 
+def namespaces():
+    """What a candidate could patch to change the reference or the timer."""
+    t = torch()
+    return {"torch": t, "torch.nn.functional": t.nn.functional, "torch.Tensor": t.Tensor, "torch.cuda": t.cuda}
+
+
+def snapshot_namespaces():
+    return {name: dict(vars(ns)) for name, ns in namespaces().items()}
+
+
+def patched_names(before):
+    changed = []
+    for name, ns in namespaces().items():
+        now = vars(ns)
+        old = before[name]
+        for key in set(old) | set(now):
+            if old.get(key, _MISSING) is not now.get(key, _MISSING):
+                changed.append(f"{name}.{key}")
+    return sorted(changed)
+
+
+_MISSING = object()
+
+
 def evaluate(req):
+    """The KernelBench protocol, with the reference outputs and the eager
+    baseline computed before any candidate code runs."""
     problem, candidate = req["problem"], req["candidate"]
     seed = req.get("seed", 42)
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     min_scale_ratio = req.get("max_error_to_scale", 1e-2)
-    outcome = {"status": "compile_error"}
+    warmup, trials = req.get("warmup", 3), req.get("trials", 100)
     ref_ns = load_module(problem.get("name", "problem"), problem["code"])
+    try:
+        t = torch()
+    except ImportError:
+        t = None
+    if t is not None and t.cuda.is_available():
+        device = t.device("cuda:0")
+        # Reference side, in a clean process state.
+        init = ref_ns["get_init_inputs"]()
+        with t.no_grad():
+            set_seed(seed)
+            model = ref_ns["Model"](*init).to(device)
+        set_seed(seed)
+        trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(req.get("correctness_trials", 5))]
+        # The last seed gives the fresh values checked after timing.
+        check_seeds = trial_seeds + [seed + 1]
+        refs = []
+        for trial_seed in check_seeds:
+            set_seed(trial_seed)
+            inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+            with t.no_grad():
+                refs.append(model(*inputs).detach().to("cpu"))
+            del inputs
+        baseline = None
+        if req.get("baseline", True):
+            set_seed(trial_seeds[0])
+            inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+            baseline = time_cuda(model, inputs, warmup, trials, device)
+            del inputs
+        before = snapshot_namespaces()
+
+    outcome = {"status": "compile_error"}
     start = time.perf_counter()
     try:
         cand_ns = load_module(candidate.get("name", "candidate"), candidate["code"])
@@ -200,15 +275,12 @@ def evaluate(req):
         outcome["error"] = error_text(e)
         outcome["load_seconds"] = time.perf_counter() - start
         return outcome
-    t = torch()
+    if t is None:
+        raise ImportError("No module named 'torch'")
     if not t.cuda.is_available():
         return {"status": "not_run", "why": "torch sees no GPU on this machine"}
-    device = t.device("cuda:0")
     try:
-        init = ref_ns["get_init_inputs"]()
         with t.no_grad():
-            set_seed(seed)
-            model = ref_ns["Model"](*init).to(device)
             set_seed(seed)
             model_new = cand_ns["ModelNew"](*init).to(device)
         t.cuda.synchronize(device)
@@ -218,17 +290,23 @@ def evaluate(req):
         return outcome
     outcome["load_seconds"] = time.perf_counter() - start
 
-    # Correctness: fresh random inputs per trial, from seeds drawn from `seed`.
-    set_seed(seed)
-    trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(req.get("correctness_trials", 5))]
+    def cheated():
+        patched = patched_names(before)
+        if patched:
+            # The process state is no longer clean: replace the worker.
+            outcome.update(status="incorrect", why=f"the candidate replaced {', '.join(patched[:5])}", worker_lost_gpu=True)
+            outcome.pop("runtime", None)
+            return True
+        return False
+
+    if cheated():
+        return outcome
     checks = []
-    for trial_seed in trial_seeds:
+    for trial_seed, ref in zip(trial_seeds, refs):
         set_seed(trial_seed)
         inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
         with t.no_grad():
-            ref = model(*inputs)
-            t.cuda.synchronize(device)
-            before = snapshot(inputs)
+            kept = snapshot(inputs)
             try:
                 out = model_new(*inputs)
                 t.cuda.synchronize(device)
@@ -239,7 +317,7 @@ def evaluate(req):
                 # is unusable: the caller must replace this worker.
                 outcome["worker_lost_gpu"] = any(m in text for m in CUDA_FATAL)
                 return outcome
-            changed = mutated(before, inputs)
+            changed = mutated(kept, inputs)
             if changed is not None:
                 outcome.update(status="incorrect", why=f"the candidate modified input {changed}", trials_run=len(checks) + 1)
                 return outcome
@@ -258,10 +336,29 @@ def evaluate(req):
     # Timing on the first trial's inputs.
     set_seed(trial_seeds[0])
     inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
-    warmup, trials = req.get("warmup", 3), req.get("trials", 100)
     outcome["runtime"] = time_cuda(model_new, inputs, warmup, trials, device)
-    if req.get("baseline", True):
-        outcome["baseline_eager"] = time_cuda(model, inputs, warmup, trials, device)
+    if cheated():
+        return outcome
+    # New values in the same buffers: a candidate that returns a result
+    # cached during timing (keyed on the buffers) fails here.
+    with t.no_grad():
+        set_seed(check_seeds[-1])
+        fresh = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+        for buf, new in zip(inputs, fresh):
+            if isinstance(buf, t.Tensor):
+                buf.copy_(new)
+        del fresh
+        check = compare(refs[-1], model_new(*inputs), atol, rtol, min_scale_ratio)
+    if not check["ok"]:
+        outcome.update(
+            status="incorrect",
+            why=f"after timing, on new values in the same input buffers: {check['why']}",
+            **{k: v for k, v in check.items() if k not in ("ok", "why")},
+        )
+        outcome.pop("runtime")
+        return outcome
+    if baseline is not None:
+        outcome["baseline_eager"] = baseline
     return outcome
 
 
