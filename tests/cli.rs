@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{mtmc, shared_jsonl, shared_problem_code};
+use common::{mtmc, python3_has_torch, shared_jsonl, shared_problem_code};
 
 #[test]
 fn problems_lists_the_200_shared_problems_from_the_jsonl() {
@@ -136,10 +136,7 @@ fn tracing_without_python_says_how_to_fix_it() {
 fn tracing_on_the_fly_uses_torch_where_python_has_it() {
     let dir = changed_checkout();
     let cache = tempfile::tempdir().unwrap();
-    let has_torch = std::process::Command::new("python3")
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let has_torch = python3_has_torch();
     let run = || {
         mtmc(&[
             "show",
@@ -376,10 +373,7 @@ fn eval_needs_the_problem_code() {
 
 #[test]
 fn eval_without_torch_says_how_to_fix_it() {
-    let has_torch = std::process::Command::new("python3")
-        .args(["-c", "import torch"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let has_torch = python3_has_torch();
     if has_torch {
         return;
     }

@@ -115,3 +115,11 @@ pub fn shared_problem_code(level: u64, name: &str) -> String {
         .and_then(|v| v["code"].as_str().map(str::to_string))
         .unwrap_or_else(|| panic!("no shared problem L{level}/{name}"))
 }
+
+/// Whether `python3` on the path can import torch.
+pub fn python3_has_torch() -> bool {
+    Command::new("python3")
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
