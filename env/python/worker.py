@@ -259,6 +259,16 @@ def reference_side(ref_ns, req, seed, warmup, trials, device):
     return {"ns": ref_ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "refs": refs, "baseline": baseline}
 
 
+def runtime_error(outcome, e):
+    text = error_text(e)
+    outcome.pop("runtime", None)
+    outcome.update(status="runtime_error", error=text)
+    # After a fault such as an illegal address the CUDA context is unusable:
+    # the caller must replace this worker.
+    outcome["replace_worker"] = any(m in text for m in CUDA_FATAL)
+    return outcome
+
+
 def evaluate(req):
     """The KernelBench protocol, with the reference outputs and the eager
     baseline computed before any candidate code runs."""
@@ -313,7 +323,7 @@ def evaluate(req):
         patched = patched_names(before)
         if patched:
             # The process state is no longer clean: replace the worker.
-            outcome.update(status="incorrect", why=f"the candidate replaced {', '.join(patched[:5])}", worker_lost_gpu=True)
+            outcome.update(status="incorrect", why=f"the candidate replaced {', '.join(patched[:5])}", replace_worker=True)
             outcome.pop("runtime", None)
             return True
         return False
@@ -330,12 +340,8 @@ def evaluate(req):
                 out = model_new(*inputs)
                 t.cuda.synchronize(device)
             except Exception as e:
-                text = error_text(e)
-                outcome.update(status="runtime_error", error=text, trials_run=len(checks))
-                # After a fault such as an illegal address the CUDA context
-                # is unusable: the caller must replace this worker.
-                outcome["worker_lost_gpu"] = any(m in text for m in CUDA_FATAL)
-                return outcome
+                outcome["trials_run"] = len(checks)
+                return runtime_error(outcome, e)
             changed = mutated(kept, inputs)
             if changed is not None:
                 outcome.update(status="incorrect", why=f"the candidate modified input {changed}", trials_run=len(checks) + 1)
@@ -353,23 +359,26 @@ def evaluate(req):
     )
 
     # Timing on the first trial's inputs.
-    set_seed(trial_seeds[0])
-    inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
-    outcome["runtime"] = time_cuda(model_new, inputs, warmup, trials, device)
-    if cheated():
-        return outcome
-    # New values in the same buffers: a candidate that returns a result
-    # cached during timing (keyed on the buffers) fails here.
-    with t.no_grad():
-        set_seed(check_seeds[-1])
-        fresh = [to_device(x, device) for x in ref_ns["get_inputs"]()]
-        for buf, new in zip(inputs, fresh):
-            if isinstance(buf, t.Tensor):
-                buf.copy_(new)
-        del fresh
-        out = model_new(*inputs)
-        t.cuda.synchronize(device)
-        check = compare(refs[-1], out, atol, rtol, min_scale_ratio)
+    try:
+        set_seed(trial_seeds[0])
+        inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+        outcome["runtime"] = time_cuda(model_new, inputs, warmup, trials, device)
+        if cheated():
+            return outcome
+        # New values in the same buffers: a candidate that returns a result
+        # cached during timing (keyed on the buffers) fails here.
+        with t.no_grad():
+            set_seed(check_seeds[-1])
+            fresh = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+            for buf, new in zip(inputs, fresh):
+                if isinstance(buf, t.Tensor):
+                    buf.copy_(new)
+            del fresh
+            out = model_new(*inputs)
+            t.cuda.synchronize(device)
+            check = compare(refs[-1], out, atol, rtol, min_scale_ratio)
+    except Exception as e:
+        return runtime_error(outcome, e)
     if not check["ok"]:
         outcome.update(
             status="incorrect",

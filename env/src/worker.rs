@@ -379,7 +379,7 @@ pub async fn evaluate(
     });
     match slot.request(request, limit).await {
         Ok(result) => {
-            if result["worker_lost_gpu"] == json!(true) {
+            if result["replace_worker"] == json!(true) {
                 slot.discard();
             }
             serde_json::from_value(result)
