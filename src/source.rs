@@ -146,9 +146,9 @@ impl Problems {
         let mut texts: Vec<Option<String>> = Vec::with_capacity(problems.len());
         let mut missing = Vec::new();
         let mut failure = None;
-        for (i, p) in problems.iter().enumerate() {
-            let hash = self.hash(p);
-            let text = self.builtin.get(&hash).map(|s| s.to_string()).or_else(|| {
+        let hashes: Vec<String> = problems.iter().map(|p| self.hash(p)).collect();
+        for (i, hash) in hashes.iter().enumerate() {
+            let text = self.builtin.get(hash).map(|s| s.to_string()).or_else(|| {
                 let file = cache.as_ref()?.join(format!("{hash}.json"));
                 std::fs::read_to_string(file).ok()
             });
@@ -184,7 +184,7 @@ impl Problems {
                     for (&i, text) in missing.iter().zip(traced) {
                         let ok = parse_trace(&text).is_ok_and(|t| t.status == "ok");
                         if let (Some(dir), true) = (&cache, ok) {
-                            store(dir, &self.hash(problems[i]), &text);
+                            store(dir, &hashes[i], &text);
                         }
                         texts[i] = Some(text);
                     }

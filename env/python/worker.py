@@ -277,15 +277,17 @@ def evaluate(req):
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     min_scale_ratio = req.get("max_error_to_scale", 1e-2)
     warmup, trials = req.get("warmup", 3), req.get("trials", 100)
-    ref_ns = load_module(problem.get("name", "problem"), problem["code"])
+    key = json.dumps([problem["code"], seed, req.get("correctness_trials", 5), warmup, trials, req.get("baseline", True)])
+    cached = _REFERENCE.get("key") == key
+    # The problem's code runs once per cached reference side, not per request.
+    ref_ns = _REFERENCE["ns"] if cached else load_module(problem.get("name", "problem"), problem["code"])
     try:
         t = torch()
     except ImportError:
         t = None
     if t is not None and t.cuda.is_available():
         device = t.device("cuda:0")
-        key = json.dumps([problem["code"], seed, req.get("correctness_trials", 5), warmup, trials, req.get("baseline", True)])
-        if _REFERENCE.get("key") != key:
+        if not cached:
             _REFERENCE.clear()
             _REFERENCE.update(reference_side(ref_ns, req, seed, warmup, trials, device), key=key)
         ref_ns = _REFERENCE["ns"]
