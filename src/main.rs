@@ -66,9 +66,10 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         block: u32,
     },
-    /// Evaluate a candidate `ModelNew` (Python source) on a problem with the
-    /// KernelBench protocol: correctness over 5 random inputs, then timing
-    /// against eager PyTorch. Needs python3 with torch and a GPU.
+    /// Evaluate candidate `ModelNew` files on a problem. With a GPU: the
+    /// KernelBench protocol (5 correctness trials on fresh random inputs,
+    /// then 100 timed trials) against eager and torch.compile baselines.
+    /// Without one: compile the candidates' CUDA with NVRTC, run nothing.
     Eval {
         /// A problem: `L1/19`, `L1/19_ReLU` or a file name.
         problem: String,
@@ -76,13 +77,33 @@ enum Command {
         /// evaluate several in order with one worker.
         #[arg(long = "candidate", value_name = "FILE", required = true)]
         candidates: Vec<PathBuf>,
+        /// Which evaluator.
+        #[arg(long, value_enum, default_value = "auto")]
+        evaluator: cmd::eval::Choice,
         /// Timed trials.
         #[arg(long, default_value_t = 100)]
         trials: u32,
         /// Seconds before a candidate's evaluation is stopped (and counted as a timeout).
-        #[arg(long, default_value_t = 600)]
+        #[arg(long, default_value_t = 120)]
         timeout: u64,
-        /// Also write the outcome as JSON to this file.
+        /// Baselines to time, comma-separated (eager, compile), or `none`.
+        #[arg(long, default_value = "eager,compile", value_delimiter = ',')]
+        baselines: Vec<String>,
+        /// Time the baselines again instead of reading them from the cache.
+        #[arg(long)]
+        fresh_baselines: bool,
+        /// Draw inputs on the CPU and copy them over, as KernelBench does
+        /// (its exact values; slow for large problems).
+        #[arg(long)]
+        host_inputs: bool,
+        /// Run the worker on the CPU: the checks, with host-clock timings
+        /// (for machines without a GPU; not a speed measurement).
+        #[arg(long)]
+        cpu: bool,
+        /// Fail candidates that compute with torch ops.
+        #[arg(long)]
+        strict: bool,
+        /// Also write the outcomes as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
@@ -141,20 +162,43 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
         Command::Eval {
             problem,
             candidates,
+            evaluator,
             trials,
             timeout,
+            baselines,
+            fresh_baselines,
+            host_inputs,
+            cpu,
+            strict,
             json,
-        } => cmd::eval::run(
-            out,
-            cmd::eval::Request {
-                kernelbench: kb,
-                problem: &problem,
-                candidates: &candidates,
-                trials,
-                timeout: std::time::Duration::from_secs(timeout),
-                json: json.as_deref(),
-            },
-        ),
+        } => {
+            let baselines: Vec<String> = baselines.into_iter().filter(|b| b != "none").collect();
+            if let Some(bad) = baselines
+                .iter()
+                .find(|b| !matches!(b.as_str(), "eager" | "compile"))
+            {
+                anyhow::bail!(
+                    "--baselines: `{bad}` is not a baseline (use eager, compile or none)"
+                );
+            }
+            cmd::eval::run(
+                out,
+                cmd::eval::Request {
+                    kernelbench: kb,
+                    problem: &problem,
+                    candidates: &candidates,
+                    evaluator,
+                    trials,
+                    timeout: std::time::Duration::from_secs(timeout),
+                    baselines,
+                    baseline_cache: !fresh_baselines,
+                    host_inputs,
+                    cpu,
+                    strict,
+                    json: json.as_deref(),
+                },
+            )
+        }
         Command::Doctor => cmd::doctor::run(out),
     }
 }

@@ -385,6 +385,8 @@ fn eval_without_torch_says_how_to_fix_it() {
         "L1/19",
         "--kernelbench",
         &shared_jsonl(),
+        "--evaluator",
+        "worker",
         "--candidate",
         cand.to_str().unwrap(),
     ])
@@ -394,4 +396,115 @@ fn eval_without_torch_says_how_to_fix_it() {
         "{}",
         out.error
     );
+}
+
+#[test]
+fn eval_without_a_gpu_compiles_the_candidates_cuda_and_runs_nothing() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cand = dir.path().join("relu.py");
+    std::fs::write(
+        &cand,
+        "import cupy as cp\n_SRC = r\"\"\"\nextern \"C\" __global__ void relu(const float* x, float* y, long n) {\n\
+         long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n  if (i < n) y[i] = fmaxf(x[i], 0.0f);\n}\n\"\"\"\n",
+    )
+    .unwrap();
+    let json = dir.path().join("out.json");
+    let out = mtmc(&[
+        "eval",
+        "L1/19",
+        "--kernelbench",
+        &shared_jsonl(),
+        "--evaluator",
+        "compile-only",
+        "--candidate",
+        cand.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ])
+    .success();
+    assert!(
+        out.stdout.starts_with("relu.py: compiled_only (compile-only)\n  why: compile only (asked for): 1 kernel(s) compiled for sm_90; nothing was run"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("kernel relu (nvrtc): "),
+        "{}",
+        out.stdout
+    );
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(saved[0]["outcome"]["status"], "compiled_only");
+    assert_eq!(saved[0]["outcome"]["evaluator"], "compile_only");
+}
+
+/// A Python with torch for the worker's CPU mode: `$MTMC_TEST_PYTHON`.
+fn torch_python() -> Option<String> {
+    match std::env::var("MTMC_TEST_PYTHON") {
+        Ok(p) => Some(p),
+        Err(_) if std::env::var_os("MTMC_EXPECT_TORCH").is_some() => {
+            panic!("MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON is not")
+        }
+        Err(_) => None,
+    }
+}
+
+#[test]
+fn eval_on_the_cpu_judges_candidates_and_keeps_going_after_a_cheat() {
+    let Some(python) = torch_python() else { return };
+    let cheats = concat!(env!("CARGO_MANIFEST_DIR"), "/env/tests/cheats");
+    let checkout = tempfile::tempdir().unwrap();
+    let level1 = checkout.path().join("level1");
+    std::fs::create_dir(&level1).unwrap();
+    std::fs::copy(
+        format!("{cheats}/problem_relu.py"),
+        level1.join("1_Small_ReLU.py"),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let out = mtmc(&[
+        "eval",
+        "L1/1",
+        "--kernelbench",
+        checkout.path().to_str().unwrap(),
+        "--cpu",
+        "--trials",
+        "5",
+        "--baselines",
+        "eager",
+        "--candidate",
+        &format!("{cheats}/falls_back.py"),
+        "--candidate",
+        &format!("{cheats}/patches_timer.py"),
+        "--candidate",
+        &format!("{cheats}/honest.py"),
+    ])
+    .env("MTMC_PYTHON", &python)
+    .env("MTMC_CACHE_DIR", cache.path())
+    .success();
+    let s = &out.stdout;
+    assert!(
+        s.contains(
+            "falls_back.py: incorrect (worker)\n  why: the forward caught an exception and went on"
+        ),
+        "{s}"
+    );
+    assert!(s.contains("patches_timer.py: incorrect (worker)\n  why: the candidate replaced time.perf_counter, torch.cuda.Event"), "{s}");
+    assert!(
+        s.contains("honest.py: correct (worker)\n  5 correctness trial(s), max abs error 0.000e0"),
+        "{s}"
+    );
+    assert!(s.contains("(5 trials, host)"), "{s}");
+    assert!(
+        s.ends_with("L1/1_Small_ReLU: 3 candidate(s), 2 worker start(s)\n"),
+        "{s}"
+    );
+    // The eager baseline went to the cache, keyed by problem, device and torch.
+    let cached: Vec<_> = std::fs::read_dir(cache.path().join("baselines"))
+        .unwrap()
+        .collect();
+    assert_eq!(cached.len(), 1);
 }

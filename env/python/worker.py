@@ -8,30 +8,78 @@ imported once, on the first request that needs it, and stays loaded.
 Requests:
   {"id": N, "op": "hello"}
       -> python and torch versions, the device.
+  {"id": N, "op": "prepare", "problem": {...}, ...}
+      -> the reference side of a problem (see `eval`), computed now so that
+         the caller can give it a longer limit than a candidate gets.
   {"id": N, "op": "eval", "problem": {"name", "code"}, "candidate": {"name", "code"},
    "seed": 42, "correctness_trials": 5, "warmup": 3, "trials": 100,
-   "atol": 1e-4, "rtol": 1e-4, "baseline": true}
+   "atol": 1e-4, "rtol": 1e-4, "max_error_to_scale": 1e-2,
+   "baselines": ["eager", "compile"], "baseline_cache": DIR or null,
+   "inputs": "device" | "host", "device": "cuda" | "cpu", "strict": false}
       -> the KernelBench protocol on the candidate's ModelNew against the
          problem's Model: correctness over fresh random inputs per trial, then
-         CUDA-event timing with the L2 cache flushed before every trial, and the
-         eager baseline timed the same way in the same process.
+         timing (CUDA events, L2 flushed before every trial), with the
+         baselines timed the same way on the same GPU.
+
+Inputs: "host" draws them on the CPU and copies them over, exactly as
+KernelBench does; "device" (the fast path) runs `get_inputs()` with the GPU
+as the default device, so the same seeded draws happen on the GPU's
+generator (other values, the same distributions) without moving gigabytes
+over PCIe.
 
 Faults that kill the process (a hanging kernel, an illegal address, a
 segfault) are the caller's to handle: it restarts the worker.
 """
 
+import collections
+import hashlib
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 import time
 import traceback
+import types
 
 _torch = None
 _l2_flush = None
 
+# The worker's own clock, taken before any candidate code can replace it.
+_clock = time.perf_counter
+
 # Error texts after which the process's CUDA context cannot be used again.
-CUDA_FATAL = ("illegal memory access", "illegal address", "unspecified launch failure", "CUDA_ERROR_", "cudaErrorIllegal", "misaligned address")
+CUDA_FATAL = (
+    "illegal memory access",
+    "illegal address",
+    "unspecified launch failure",
+    "CUDA_ERROR_",
+    "cudaErrorIllegal",
+    "misaligned address",
+    "out of memory",
+)
+
+# aten ops that allocate, reshape or move memory without computing anything
+# a problem asks for. Every other op a candidate runs is a torch (library)
+# computation, reported as such.
+MEMORY_OPS = {
+    "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
+    "aten.view", "aten._unsafe_view", "aten.reshape", "aten.contiguous", "aten.clone", "aten.t",
+    "aten.transpose", "aten.permute", "aten.expand", "aten.as_strided", "aten.detach", "aten.alias",
+    "aten.slice", "aten.select", "aten.unsqueeze", "aten.squeeze", "aten.flatten", "aten.unflatten",
+    "aten.lift_fresh", "aten._to_copy", "aten.copy_", "aten.split", "aten.chunk", "aten.unbind",
+    "aten.narrow", "aten.resize_", "aten.set_", "aten.zeros", "aten.zeros_like", "aten.new_zeros",
+    "aten.ones", "aten.ones_like", "aten.full", "aten.full_like", "aten.fill_", "aten.zero_",
+    "aten.sym_size", "aten.sym_stride", "aten.sym_numel", "aten.is_same_size", "aten.record_stream",
+}
+
+
+_strftime, _gmtime = time.strftime, time.gmtime
+
+
+def _utc_now():
+    return _strftime("%Y-%m-%dT%H:%M:%SZ", _gmtime())
 
 
 def torch():
@@ -39,9 +87,15 @@ def torch():
     if _torch is None:
         import torch as t
 
+        # Imported now, not by the first candidate: importing them adds
+        # attributes to torch and wraps torch.manual_seed, which would look
+        # like a candidate's patch.
+        import torch._dynamo  # noqa: F401
+        import torch.utils._python_dispatch  # noqa: F401
+
         _torch = t
         # Before any candidate code can touch them.
-        _TIMERS.update(Event=t.cuda.Event, synchronize=t.cuda.synchronize)
+        _TIMERS.update(Event=t.cuda.Event, synchronize=t.cuda.synchronize, perf_counter=_clock)
     return _torch
 
 
@@ -65,13 +119,24 @@ def hello(_req):
     except ImportError as e:
         out["torch"] = None
         out["torch_error"] = error_text(e)
+    out["network"] = network_state()
     return out
 
 
-def load_module(name, code):
+def network_state():
+    """Whether this process can reach any network: in an empty network
+    namespace only the loopback device is listed, and it is down."""
+    try:
+        names = [n for n in os.listdir("/sys/class/net") if n != "lo"]
+    except OSError:
+        return "unknown"
+    return "none" if not names else "present"
+
+
+def load_module(name, code, filename=None):
     """Executes a source as a fresh module; returns its namespace."""
-    ns = {"__name__": f"mtmc_{name}"}
-    exec(compile(code, name, "exec"), ns)
+    ns = {"__name__": f"mtmc_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"}
+    exec(compile(code, filename or name, "exec"), ns)
     return ns
 
 
@@ -82,11 +147,16 @@ def set_seed(seed):
         t.cuda.manual_seed(seed)
 
 
-def to_device(x, device):
+def make_inputs(ns, seed, device, mode):
+    """The problem's `get_inputs()` under `seed`, on `device`."""
     t = torch()
-    if isinstance(x, t.Tensor):
-        return x.to(device)
-    return x
+    set_seed(seed)
+    if mode == "device" and device.type == "cuda":
+        with t.device(device):
+            xs = ns["get_inputs"]()
+    else:
+        xs = ns["get_inputs"]()
+    return [x.to(device) if isinstance(x, t.Tensor) else x for x in xs]
 
 
 def flush_l2(device):
@@ -108,45 +178,79 @@ def timers():
     return _TIMERS
 
 
-def time_cuda(fn, inputs, warmup, trials, device):
-    """Milliseconds per call, one CUDA-event pair per trial, L2 flushed first.
-
-    The end event is recorded only after the whole device is synchronized, so
-    work that a candidate puts on other streams is inside the measured span."""
+def time_calls(fn, inputs, warmup, trials, device):
+    """Milliseconds per call. On a GPU: one CUDA-event pair per trial, L2
+    flushed first; the end event is recorded only after the whole device is
+    synchronized, so work that a candidate puts on other streams is inside
+    the measured span. On the CPU (tests): the host clock."""
     tm = timers()
-    sync, event = tm["synchronize"], tm["Event"]
     t = torch()
+    cuda = device.type == "cuda"
+    times = []
     with t.no_grad():
         for _ in range(warmup):
             fn(*inputs)
-        sync(device)
-        times = []
-        for _ in range(trials):
-            flush_l2(device)
-            start = event(enable_timing=True)
-            end = event(enable_timing=True)
-            start.record()
-            fn(*inputs)
+        if cuda:
+            sync, event = tm["synchronize"], tm["Event"]
             sync(device)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    return stats(times)
+            for _ in range(trials):
+                flush_l2(device)
+                start = event(enable_timing=True)
+                end = event(enable_timing=True)
+                start.record()
+                fn(*inputs)
+                sync(device)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+        else:
+            clock = tm["perf_counter"]
+            for _ in range(trials):
+                begin = clock()
+                fn(*inputs)
+                times.append((clock() - begin) * 1e3)
+    return stats(times, "cuda_events" if cuda else "host")
 
 
-def stats(times):
+def stats(times, clock):
     n = len(times)
     mean = sum(times) / n
     ordered = sorted(times)
     median = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
     std = math.sqrt(sum((x - mean) ** 2 for x in times) / max(n - 1, 1))
-    return {"mean_ms": mean, "median_ms": median, "std_ms": std, "min_ms": ordered[0], "max_ms": ordered[-1], "trials": n}
+    return {"mean_ms": mean, "median_ms": median, "std_ms": std, "min_ms": ordered[0], "max_ms": ordered[-1], "trials": n, "clock": clock}
 
 
-def compare(ref, out, atol, rtol, min_scale_ratio):
-    """KernelBench's allclose plus a check against the output's scale, so that
-    outputs small enough to fit inside atol (zeros) do not pass."""
+def outputs_of(value):
+    """A model's result as a list of outputs (one tensor, or a tuple)."""
+    if isinstance(value, (tuple, list)):
+        return list(value)
+    return [value]
+
+
+def compare(refs, outs, atol, rtol, min_scale_ratio):
+    """KernelBench's allclose, output by output, plus a check against the
+    output's scale, so that outputs small enough to fit inside atol (zeros)
+    do not pass."""
     t = torch()
+    if len(outs) != len(refs):
+        return {"ok": False, "why": f"the candidate returned {len(outs)} output(s), the reference {len(refs)}"}
+    total = {"max_abs_err": 0.0, "scale": 0.0}
+    for k, (ref, out) in enumerate(zip(refs, outs)):
+        one = compare_one(t, ref, out, atol, rtol, min_scale_ratio)
+        if len(refs) > 1 and "why" in one:
+            one["why"] = f"output {k}: {one['why']}"
+        if not one["ok"]:
+            return one
+        total["max_abs_err"] = max(total["max_abs_err"], one["max_abs_err"])
+        total["scale"] = max(total["scale"], one["scale"])
+    scale = total["scale"]
+    total["rel_to_scale"] = total["max_abs_err"] / scale if scale > 0 else None
+    total["ok"] = True
+    return total
+
+
+def compare_one(t, ref, out, atol, rtol, min_scale_ratio):
     # Exactly a tensor: a subclass could compute lazily, when read, outside
     # the timed span.
     if type(out) is not t.Tensor:
@@ -155,27 +259,43 @@ def compare(ref, out, atol, rtol, min_scale_ratio):
         return {"ok": False, "why": f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}"}
     if out.dtype != ref.dtype:
         return {"ok": False, "why": f"dtype {out.dtype} differs from the reference's {ref.dtype}"}
-    # In chunks of 16M elements, so comparing multi-GB outputs in f64 needs
-    # little extra memory.
+    if out.device.type != ref.device.type and ref.device.type != "cpu":
+        return {"ok": False, "why": f"the result is on {out.device}, the reference on {ref.device}"}
+    # |out - ref| <= atol + rtol * |ref| in the outputs' own dtype, as
+    # torch.allclose does, in chunks so that multi-GB outputs need little
+    # extra memory; one device sync per output, not per chunk.
     r_flat, o_flat = ref.detach().reshape(-1), out.detach().reshape(-1)
-    chunk = 1 << 24
-    max_abs, scale, first_bad = 0.0, 0.0, None
+    if not r_flat.is_floating_point():
+        r_flat, o_flat = r_flat.double(), o_flat.double()
+    chunk = 1 << 26
+    maxes, scales, bads = [], [], []
     for begin in range(0, r_flat.numel(), chunk):
-        o = o_flat[begin : begin + chunk].double()
-        r = r_flat[begin : begin + chunk].to(o.device).double()
-        diff = t.nan_to_num((o - r).abs(), nan=math.inf)
-        max_abs = max(max_abs, float(diff.max()))
-        scale = max(scale, float(t.nan_to_num(r.abs(), nan=0.0).max()))
-        bad = ~t.isclose(o, r, atol=atol, rtol=rtol)
-        if first_bad is None and bool(bad.any()):
-            k = int(bad.nonzero()[0])
-            first_bad = (begin + k, float(r[k]), float(o[k]))
-    result = {"max_abs_err": max_abs, "scale": scale, "rel_to_scale": (max_abs / scale) if scale > 0 else None}
-    if first_bad is not None:
-        flat, expected, got = first_bad
-        index = list(reversed([int(i) for i in _unravel(flat, list(ref.shape))]))
-        result.update(ok=False, why="values differ beyond tolerance", first_bad_index=index, expected=expected, got=got)
-        return result
+        o = o_flat[begin : begin + chunk]
+        r = r_flat[begin : begin + chunk].to(o.device, non_blocking=True)
+        diff = (o - r).abs_()
+        r_abs = r.abs()
+        bad = ~(diff <= r_abs * rtol + atol)
+        # Equal infinities are close, as in torch.isclose.
+        bad &= ~((o == r) & r.isinf())
+        maxes.append(t.nan_to_num(diff, nan=math.inf, posinf=math.inf).max())
+        scales.append(t.nan_to_num(r_abs, nan=0.0, posinf=0.0).max())
+        bads.append(bad.any())
+        del diff, r_abs, bad
+    if not maxes:
+        return {"ok": True, "max_abs_err": 0.0, "scale": 0.0}
+    max_abs = float(t.stack(maxes).max())
+    scale = float(t.stack(scales).max())
+    result = {"max_abs_err": max_abs, "scale": scale}
+    if bool(t.stack(bads).any()):
+        for begin in range(0, r_flat.numel(), chunk):
+            o = o_flat[begin : begin + chunk]
+            r = r_flat[begin : begin + chunk].to(o.device)
+            bad = ~t.isclose(o, r, atol=atol, rtol=rtol)
+            if bool(bad.any()):
+                k = int(bad.nonzero()[0])
+                index = list(reversed([int(i) for i in _unravel(begin + k, list(ref.shape))]))
+                result.update(ok=False, why="values differ beyond tolerance", first_bad_index=index, expected=float(r[k]), got=float(o[k]))
+                return result
     if scale > 0 and max_abs > min_scale_ratio * scale:
         result.update(ok=False, why=f"error is {max_abs / scale:.2%} of the output's scale: within atol only because the outputs are small")
         return result
@@ -205,7 +325,7 @@ def mutated(before, after):
 def namespaces():
     """What a candidate could patch to change the reference or the timer."""
     t = torch()
-    return {"torch": t, "torch.nn.functional": t.nn.functional, "torch.Tensor": t.Tensor, "torch.cuda": t.cuda}
+    return {"torch": t, "torch.nn.functional": t.nn.functional, "torch.Tensor": t.Tensor, "torch.cuda": t.cuda, "time": time}
 
 
 def snapshot_namespaces():
@@ -218,7 +338,11 @@ def patched_names(before):
         now = vars(ns)
         old = before[name]
         for key in set(old) | set(now):
-            if old.get(key, _MISSING) is not now.get(key, _MISSING):
+            new = now.get(key, _MISSING)
+            # A submodule imported since is an addition, not a replacement.
+            if key not in old and isinstance(new, types.ModuleType):
+                continue
+            if old.get(key, _MISSING) is not new:
                 changed.append(f"{name}.{key}")
     return sorted(changed)
 
@@ -226,37 +350,209 @@ def patched_names(before):
 _MISSING = object()
 
 
-# The reference side of the last problem evaluated: its outputs on every
-# check's inputs and its eager timing, computed before any candidate code ran.
+class SwallowedExceptions:
+    """Records exceptions that pass through the candidate's own frames while
+    its forward runs. A forward that returns normally after one was raised
+    caught it: a try/except that falls back to other code when a kernel
+    fails, which must not pass as the kernel's result."""
+
+    def __init__(self, filename):
+        self.filename = filename
+        self.seen = []
+
+    def _global(self, frame, event, arg):
+        if frame.f_code.co_filename == self.filename:
+            return self._local
+        return None
+
+    def _local(self, frame, event, arg):
+        if event == "exception" and len(self.seen) < 5:
+            kind, value = arg[0], arg[1]
+            self.seen.append(f"{kind.__name__}: {str(value)[:160]} (in {frame.f_code.co_name}, line {frame.f_lineno})")
+        return self._local
+
+    def __enter__(self):
+        self._previous = sys.gettrace()
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(self._previous)
+        return False
+
+
+def op_recorder():
+    """A dispatch mode that counts the aten ops run under it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Recorder()
+
+
+def kernel_reports(ns, model):
+    """Resources of the kernels a candidate compiled, where its kernel
+    objects say: cupy RawKernel attributes, Triton compiled kernels."""
+    found, seen = [], set()
+    values = list(ns.values()) + list(vars(model).values())
+    for obj in values:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        kind = type(obj).__name__
+        module = type(obj).__module__ or ""
+        try:
+            if module.startswith("cupy") and kind == "RawKernel":
+                a = obj.attributes
+                found.append({"name": obj.name, "source": "cupy", "registers": a.get("num_regs"), "local_bytes": a.get("local_size_bytes"), "shared_bytes": a.get("shared_size_bytes"), "max_threads_per_block": a.get("max_threads_per_block")})
+            elif module.startswith("triton") and hasattr(obj, "device_caches"):
+                for caches in obj.device_caches.values():
+                    for compiled in caches[0].values():
+                        found.append({"name": compiled.name, "source": "triton", "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None), "shared_bytes": getattr(compiled.metadata, "shared", None), "num_warps": getattr(compiled.metadata, "num_warps", None)})
+        except Exception:
+            # A kernel object that cannot describe itself is left out; the
+            # outcome is not at stake.
+            continue
+    return found
+
+
+# The reference side of the last problem: the model, its outputs on every
+# check's inputs and the baselines, computed before any candidate code ran.
 # A candidate that patches torch gets this worker replaced, so what is cached
 # here was computed in a clean state.
 _REFERENCE = {}
 
 
-def reference_side(ref_ns, req, seed, warmup, trials, device):
+def settings(req):
+    return {
+        "seed": req.get("seed", 42),
+        "correctness_trials": req.get("correctness_trials", 5),
+        "warmup": req.get("warmup", 3),
+        "trials": req.get("trials", 100),
+        "inputs": req.get("inputs", "device"),
+        "device": req.get("device", "cuda"),
+    }
+
+
+def pick_device(req):
     t = torch()
-    init = ref_ns["get_init_inputs"]()
+    want = req.get("device", "cuda")
+    if want == "cpu":
+        return t.device("cpu")
+    if not t.cuda.is_available():
+        return None
+    return t.device("cuda:0")
+
+
+def reference_side(problem, req, device):
+    """The model, the seeds of every check, the reference outputs (kept on
+    the GPU when they fit in a third of its memory, else on the host) and
+    the baselines. Cached per problem and settings."""
+    s = settings(req)
+    key = json.dumps([problem["code"], s])
+    if _REFERENCE.get("key") == key:
+        ref = _REFERENCE
+    else:
+        _REFERENCE.clear()
+        ref = build_reference(problem, s, device)
+        ref["key"] = key
+        _REFERENCE.update(ref)
+    wanted = req.get("baselines", ["eager"])
+    missing = [b for b in wanted if b not in ref["baselines"]]
+    if missing:
+        ref["baselines"].update(measure_baselines(problem, ref, s, device, missing, req.get("baseline_cache")))
+    return ref
+
+
+def build_reference(problem, s, device):
+    t = torch()
+    ns = load_module(problem.get("name", "problem"), problem["code"])
+    init = ns["get_init_inputs"]()
     with t.no_grad():
-        set_seed(seed)
-        model = ref_ns["Model"](*init).to(device)
-    set_seed(seed)
-    trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(req.get("correctness_trials", 5))]
+        set_seed(s["seed"])
+        model = ns["Model"](*init).to(device)
+    set_seed(s["seed"])
+    trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(s["correctness_trials"])]
     # The last seed gives the fresh values checked after timing.
-    check_seeds = trial_seeds + [seed + 1]
-    refs = []
+    check_seeds = trial_seeds + [s["seed"] + 1]
+    refs, on_device = [], True
     for trial_seed in check_seeds:
-        set_seed(trial_seed)
-        inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+        inputs = make_inputs(ns, trial_seed, device, s["inputs"])
         with t.no_grad():
-            refs.append(model(*inputs).detach().to("cpu"))
+            outs = [o.detach() for o in outputs_of(model(*inputs))]
+        if device.type == "cuda" and on_device:
+            size = sum(o.numel() * o.element_size() for o in outs) * len(check_seeds)
+            on_device = size <= t.cuda.get_device_properties(device).total_memory // 3
+        if not on_device:
+            outs = [o.to("cpu") for o in outs]
+        refs.append(outs)
         del inputs
-    baseline = None
-    if req.get("baseline", True):
-        set_seed(trial_seeds[0])
-        inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
-        baseline = time_cuda(model, inputs, warmup, trials, device)
+    return {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "refs": refs, "refs_on_device": on_device and device.type == "cuda", "baselines": {}}
+
+
+def baseline_cache_file(problem, s, device, directory):
+    t = torch()
+    gpu = t.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    digest = hashlib.sha256(problem["code"].encode()).hexdigest()[:16]
+    params = hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
+    return os.path.join(directory, f"{digest}-{slug}-torch{t.__version__}-{params}.json")
+
+
+def measure_baselines(problem, ref, s, device, names, cache_dir):
+    """Eager and torch.compile timings of the problem's own model, from the
+    cache of this (problem, GPU, torch version, settings) when there is one."""
+    t = torch()
+    path = baseline_cache_file(problem, s, device, cache_dir) if cache_dir else None
+    cached = {}
+    if path and os.path.exists(path):
+        try:
+            with open(path) as f:
+                cached = json.load(f)
+        except (OSError, ValueError):
+            cached = {}
+    out = {}
+    for name in names:
+        if name in cached:
+            out[name] = dict(cached[name], cached=True)
+            continue
+        inputs = make_inputs(ref["ns"], ref["trial_seeds"][0], device, s["inputs"])
+        began = _clock()
+        try:
+            fn = ref["model"] if name == "eager" else t.compile(ref["model"])
+            timing = time_calls(fn, inputs, s["warmup"], s["trials"], device)
+            timing["seconds"] = _clock() - began
+            out[name] = timing
+        except Exception as e:
+            out[name] = {"error": error_text(e)}
         del inputs
-    return {"ns": ref_ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "refs": refs, "baseline": baseline}
+        out[name]["measured_at"] = _utc_now()
+    if path:
+        fresh = {k: v for k, v in out.items() if not v.get("cached") and "error" not in v}
+        if fresh:
+            os.makedirs(cache_dir, exist_ok=True)
+            merged = dict(cached, **fresh)
+            fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(merged, f)
+            os.replace(tmp, path)
+    return out
+
+
+def prepare(req):
+    device = pick_device(req)
+    if device is None:
+        return {"status": "not_run", "why": "torch sees no GPU on this machine"}
+    began = _clock()
+    ref = reference_side(req["problem"], req, device)
+    return {"seconds": _clock() - began, "baselines": ref["baselines"], "refs_on_device": ref["refs_on_device"]}
 
 
 def runtime_error(outcome, e):
@@ -270,56 +566,51 @@ def runtime_error(outcome, e):
 
 
 def evaluate(req):
-    """The KernelBench protocol, with the reference outputs and the eager
-    baseline computed before any candidate code runs."""
+    """The KernelBench protocol, with the reference outputs and the
+    baselines computed before any candidate code runs."""
     problem, candidate = req["problem"], req["candidate"]
-    seed = req.get("seed", 42)
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     min_scale_ratio = req.get("max_error_to_scale", 1e-2)
-    warmup, trials = req.get("warmup", 3), req.get("trials", 100)
-    key = json.dumps([problem["code"], seed, req.get("correctness_trials", 5), warmup, trials, req.get("baseline", True)])
-    cached = _REFERENCE.get("key") == key
-    # The problem's code runs once per cached reference side, not per request.
-    ref_ns = _REFERENCE["ns"] if cached else load_module(problem.get("name", "problem"), problem["code"])
+    s = settings(req)
     try:
         t = torch()
     except ImportError:
         t = None
-    if t is not None and t.cuda.is_available():
-        device = t.device("cuda:0")
-        if not cached:
-            _REFERENCE.clear()
-            _REFERENCE.update(reference_side(ref_ns, req, seed, warmup, trials, device), key=key)
-        ref_ns = _REFERENCE["ns"]
-        init, model = _REFERENCE["init"], _REFERENCE["model"]
-        trial_seeds, check_seeds = _REFERENCE["trial_seeds"], _REFERENCE["check_seeds"]
-        refs, baseline = _REFERENCE["refs"], _REFERENCE["baseline"]
+    device = pick_device(req) if t is not None else None
+    began = _clock()
+    if device is not None:
+        ref = reference_side(problem, req, device)
         before = snapshot_namespaces()
+    reference_seconds = _clock() - began
 
-    outcome = {"status": "compile_error"}
-    start = time.perf_counter()
+    gpu = (t.cuda.get_device_name(device) if device.type == "cuda" else "cpu") if device is not None else None
+    outcome = {"status": "compile_error", "device": gpu, "reference_seconds": reference_seconds}
+    filename = f"<mtmc candidate {candidate.get('name', 'candidate')}>"
+    start = _clock()
     try:
-        cand_ns = load_module(candidate.get("name", "candidate"), candidate["code"])
+        cand_ns = load_module(candidate.get("name", "candidate"), candidate["code"], filename)
         if "ModelNew" not in cand_ns:
             raise NameError("the candidate defines no ModelNew class")
     except Exception as e:
         outcome["error"] = error_text(e)
-        outcome["load_seconds"] = time.perf_counter() - start
+        outcome["load_seconds"] = _clock() - start
         return outcome
     if t is None:
         raise ImportError("No module named 'torch'")
-    if not t.cuda.is_available():
+    if device is None:
         return {"status": "not_run", "why": "torch sees no GPU on this machine"}
+    ns, init = ref["ns"], ref["init"]
     try:
         with t.no_grad():
-            set_seed(seed)
+            set_seed(s["seed"])
             model_new = cand_ns["ModelNew"](*init).to(device)
-        t.cuda.synchronize(device)
+        if device.type == "cuda":
+            t.cuda.synchronize(device)
     except Exception as e:
         outcome["error"] = error_text(e)
-        outcome["load_seconds"] = time.perf_counter() - start
-        return outcome
-    outcome["load_seconds"] = time.perf_counter() - start
+        outcome["load_seconds"] = _clock() - start
+        return runtime_error(outcome, e) if device.type == "cuda" and any(m in outcome["error"] for m in CUDA_FATAL) else outcome
+    outcome["load_seconds"] = _clock() - start
 
     def cheated():
         patched = patched_names(before)
@@ -330,71 +621,95 @@ def evaluate(req):
             return True
         return False
 
+    def sync():
+        if device.type == "cuda":
+            t.cuda.synchronize(device)
+
     if cheated():
         return outcome
     checks = []
-    for trial_seed, ref in zip(trial_seeds, refs):
-        set_seed(trial_seed)
-        inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+    check_began = _clock()
+    for n, (trial_seed, refs) in enumerate(zip(ref["trial_seeds"], ref["refs"])):
+        inputs = make_inputs(ns, trial_seed, device, s["inputs"])
         with t.no_grad():
             kept = snapshot(inputs)
             try:
-                out = model_new(*inputs)
-                t.cuda.synchronize(device)
+                if n == 0:
+                    # The first trial runs watched: exceptions the forward
+                    # swallows, and the torch ops it calls.
+                    recorder = op_recorder()
+                    with SwallowedExceptions(filename) as swallowed, recorder:
+                        out = model_new(*inputs)
+                    sync()
+                    torch_ops = {k: v for k, v in recorder.ops.items() if k not in MEMORY_OPS}
+                    outcome["torch_ops"] = dict(sorted(torch_ops.items()))
+                else:
+                    out = model_new(*inputs)
+                    sync()
             except Exception as e:
                 outcome["trials_run"] = len(checks)
                 return runtime_error(outcome, e)
+            if n == 0 and swallowed.seen:
+                outcome.update(status="incorrect", trials_run=1, why=f"the forward caught an exception and went on ({swallowed.seen[0]}): a fallback hides what failed")
+                return outcome
+            if n == 0 and req.get("strict") and outcome["torch_ops"]:
+                outcome.update(status="incorrect", trials_run=1, why=f"strict mode: the forward computes with torch ({', '.join(outcome['torch_ops'])})")
+                return outcome
             changed = mutated(kept, inputs)
             if changed is not None:
                 outcome.update(status="incorrect", why=f"the candidate modified input {changed}", trials_run=len(checks) + 1)
                 return outcome
-            check = compare(ref, out, atol, rtol, min_scale_ratio)
+            del kept
+            check = compare(refs, outputs_of(out), atol, rtol, min_scale_ratio)
+        del inputs, out
         checks.append(check)
         if not check["ok"]:
-            outcome.update(status="incorrect", trials_run=len(checks), **{k: v for k, v in check.items() if k != "ok"})
+            outcome.update(status="incorrect", trials_run=len(checks), **{k: v for k, v in check.items() if k not in ("ok", "scale")})
             return outcome
     outcome.update(
         status="correct",
         trials_run=len(checks),
         max_abs_err=max(c["max_abs_err"] for c in checks),
         rel_to_scale=max((c["rel_to_scale"] or 0.0) for c in checks),
+        check_seconds=_clock() - check_began,
     )
 
     # Timing on the first trial's inputs.
     try:
-        set_seed(trial_seeds[0])
-        inputs = [to_device(x, device) for x in ref_ns["get_inputs"]()]
-        outcome["runtime"] = time_cuda(model_new, inputs, warmup, trials, device)
+        timing_began = _clock()
+        inputs = make_inputs(ns, ref["trial_seeds"][0], device, s["inputs"])
+        outcome["runtime"] = time_calls(model_new, inputs, s["warmup"], s["trials"], device)
+        outcome["timing_seconds"] = _clock() - timing_began
         if cheated():
             return outcome
         # New values in the same buffers: a candidate that returns a result
         # cached during timing (keyed on the buffers) fails here.
         with t.no_grad():
-            set_seed(check_seeds[-1])
-            fresh = [to_device(x, device) for x in ref_ns["get_inputs"]()]
+            fresh = make_inputs(ns, ref["check_seeds"][-1], device, s["inputs"])
             for buf, new in zip(inputs, fresh):
                 if isinstance(buf, t.Tensor):
                     buf.copy_(new)
             del fresh
             out = model_new(*inputs)
-            t.cuda.synchronize(device)
-            check = compare(refs[-1], out, atol, rtol, min_scale_ratio)
+            sync()
+            check = compare(ref["refs"][-1], outputs_of(out), atol, rtol, min_scale_ratio)
+        del inputs, out
     except Exception as e:
         return runtime_error(outcome, e)
     if not check["ok"]:
         outcome.update(
             status="incorrect",
             why=f"after timing, on new values in the same input buffers: {check['why']}",
-            **{k: v for k, v in check.items() if k not in ("ok", "why")},
+            **{k: v for k, v in check.items() if k not in ("ok", "why", "scale")},
         )
         outcome.pop("runtime")
         return outcome
-    if baseline is not None:
-        outcome["baseline_eager"] = baseline
+    outcome["kernels"] = kernel_reports(cand_ns, model_new)
+    outcome["baselines"] = {k: v for k, v in ref["baselines"].items() if k in req.get("baselines", ["eager"])}
     return outcome
 
 
-HANDLERS = {"hello": hello, "eval": evaluate}
+HANDLERS = {"hello": hello, "prepare": prepare, "eval": evaluate}
 
 
 def main():

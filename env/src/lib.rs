@@ -1,6 +1,8 @@
 //! The machine side of mtmc: what is installed, and running Python tools.
 //!
 //! - [`python`]: finding the Python interpreter that has torch;
+//! - [`evaluator`]: the `Evaluator` interface and the worker and
+//!   compile-only evaluators; [`outcome`]: what an evaluation found;
 //! - [`nvrtc`]: compiling CUDA C++ with NVRTC (no GPU needed): logs,
 //!   diagnostics, per-kernel resources, occupancy;
 //! - [`probe`]: what `mtmc doctor` reports (GPU and driver, NVRTC, Python
@@ -12,7 +14,9 @@
 //! Architecture invariant: nothing here panics when a library, a GPU or an
 //! interpreter is missing; every probe returns what it found or why not.
 
+pub mod evaluator;
 pub mod nvrtc;
+pub mod outcome;
 pub mod probe;
 pub mod python;
 pub mod tracer;

@@ -6,7 +6,7 @@
 //! hanging kernel, an illegal address, a segfault) is killed, and that
 //! request alone fails; [`WorkerSlot`] starts a fresh worker for the next one.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -16,6 +16,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
+use crate::outcome::{
+    BadElement, Baseline, Correctness, EvaluatorKind, KernelReport, Outcome, Status, Timing,
+};
 use crate::python;
 
 /// The worker script, shipped inside the binary.
@@ -219,6 +222,11 @@ impl WorkerSlot {
         }
     }
 
+    /// Whether no worker is running (the next request starts one).
+    pub fn is_idle(&self) -> bool {
+        self.worker.is_none()
+    }
+
     /// Stops the current worker, if any; the next request starts a new one.
     pub fn discard(&mut self) {
         self.worker = None;
@@ -240,89 +248,6 @@ impl WorkerSlot {
             self.worker = None;
         }
         result
-    }
-}
-
-/// Timing statistics of one callable, milliseconds per call.
-#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
-pub struct Timing {
-    /// Mean.
-    pub mean_ms: f64,
-    /// Median.
-    pub median_ms: f64,
-    /// Sample standard deviation.
-    pub std_ms: f64,
-    /// Fastest trial.
-    pub min_ms: f64,
-    /// Slowest trial.
-    pub max_ms: f64,
-    /// Timed trials.
-    pub trials: u32,
-}
-
-/// What the worker's `eval` found, or why it found nothing.
-#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
-pub struct EvalOutcome {
-    /// `correct`, `incorrect`, `compile_error`, `runtime_error`, `not_run`;
-    /// the caller adds `timeout` and `crashed`.
-    pub status: String,
-    /// The error or traceback's last line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Why it is incorrect or was not run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub why: Option<String>,
-    /// Seconds to load the candidate (its kernels' compile included).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load_seconds: Option<f64>,
-    /// Correctness trials run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trials_run: Option<u32>,
-    /// Largest absolute error over the trials.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_abs_err: Option<f64>,
-    /// Largest absolute error over the largest reference magnitude.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rel_to_scale: Option<f64>,
-    /// First element outside tolerance.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_bad_index: Option<Vec<u64>>,
-    /// The reference's value there.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expected: Option<f64>,
-    /// The candidate's value there.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub got: Option<f64>,
-    /// The candidate's timing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runtime: Option<Timing>,
-    /// The problem's eager PyTorch timing, measured in the same run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub baseline_eager: Option<Timing>,
-}
-
-impl EvalOutcome {
-    /// An outcome for a request that got no reply.
-    pub fn lost(status: &str, error: &WorkerError) -> EvalOutcome {
-        EvalOutcome {
-            status: status.to_string(),
-            error: Some(error.to_string()),
-            why: None,
-            load_seconds: None,
-            trials_run: None,
-            max_abs_err: None,
-            rel_to_scale: None,
-            first_bad_index: None,
-            expected: None,
-            got: None,
-            runtime: None,
-            baseline_eager: None,
-        }
-    }
-
-    /// Eager mean over the candidate's mean, when both were timed.
-    pub fn speedup_vs_eager(&self) -> Option<f64> {
-        Some(self.baseline_eager.as_ref()?.mean_ms / self.runtime.as_ref()?.mean_ms)
     }
 }
 
@@ -355,38 +280,102 @@ impl Protocol {
     };
 }
 
-/// Evaluates a `ModelNew` source against a problem's `Model` source. A
-/// timeout or a crash becomes an outcome (`timeout`, `crashed`), and the slot
-/// starts a fresh worker for the next candidate.
-pub async fn evaluate(
+/// The worker's `eval` reply, as it is on the wire.
+#[derive(Debug, serde::Deserialize)]
+struct Reply {
+    status: String,
+    #[serde(default)]
+    device: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    why: Option<String>,
+    #[serde(default)]
+    load_seconds: Option<f64>,
+    #[serde(default)]
+    trials_run: Option<u32>,
+    #[serde(default)]
+    max_abs_err: Option<f64>,
+    #[serde(default)]
+    rel_to_scale: Option<f64>,
+    #[serde(default)]
+    first_bad_index: Option<Vec<u64>>,
+    #[serde(default)]
+    expected: Option<f64>,
+    #[serde(default)]
+    got: Option<f64>,
+    #[serde(default)]
+    runtime: Option<Timing>,
+    #[serde(default)]
+    baselines: BTreeMap<String, Baseline>,
+    #[serde(default)]
+    kernels: Vec<KernelReport>,
+    #[serde(default)]
+    torch_ops: BTreeMap<String, u32>,
+    #[serde(default)]
+    replace_worker: bool,
+}
+
+impl Reply {
+    fn into_outcome(self) -> Result<Outcome, WorkerError> {
+        let status = match self.status.as_str() {
+            "correct" => Status::Correct,
+            "incorrect" => Status::Incorrect,
+            "compile_error" => Status::CompileError,
+            "runtime_error" => Status::RuntimeError,
+            "not_run" => Status::CompiledOnly,
+            other => return Err(WorkerError::Protocol(format!("unknown status `{other}`"))),
+        };
+        let mut o = Outcome::new(EvaluatorKind::Worker, status);
+        o.device = self.device;
+        o.error = self.error;
+        o.why = self.why;
+        o.load_seconds = self.load_seconds;
+        if let Some(trials) = self.trials_run {
+            o.correctness = Some(Correctness {
+                trials,
+                max_abs_err: self.max_abs_err,
+                rel_to_scale: self.rel_to_scale,
+                first_bad: self.first_bad_index.map(|index| BadElement {
+                    index,
+                    expected: self.expected.unwrap_or(f64::NAN),
+                    got: self.got.unwrap_or(f64::NAN),
+                }),
+                elements_checked: None,
+            });
+        }
+        o.runtime = self.runtime;
+        o.baselines = self.baselines;
+        o.kernels = self.kernels;
+        o.torch_ops = self.torch_ops;
+        Ok(o)
+    }
+}
+
+/// Runs one `eval` request. A timeout or a crash becomes an outcome
+/// (`timeout`, `crashed`), and the slot starts a fresh worker for the next
+/// candidate; so does a reply that says the process is no longer clean.
+pub async fn run_eval(
     slot: &mut WorkerSlot,
-    problem: (&str, &str),
-    candidate: (&str, &str),
-    protocol: &Protocol,
+    request: Value,
     limit: Duration,
-) -> Result<EvalOutcome, WorkerError> {
-    let request = json!({
-        "op": "eval",
-        "problem": {"name": problem.0, "code": problem.1},
-        "candidate": {"name": candidate.0, "code": candidate.1},
-        "seed": protocol.seed,
-        "correctness_trials": protocol.correctness_trials,
-        "warmup": protocol.warmup,
-        "trials": protocol.trials,
-        "atol": protocol.atol,
-        "rtol": protocol.rtol,
-        "baseline": true,
-    });
+) -> Result<Outcome, WorkerError> {
+    let lost = |status, e: &WorkerError| {
+        let mut o = Outcome::new(EvaluatorKind::Worker, status);
+        o.error = Some(e.to_string());
+        o
+    };
     match slot.request(request, limit).await {
         Ok(result) => {
-            if result["replace_worker"] == json!(true) {
+            let reply: Reply = serde_json::from_value(result)
+                .map_err(|e| WorkerError::Protocol(format!("unreadable outcome: {e}")))?;
+            if reply.replace_worker {
                 slot.discard();
             }
-            serde_json::from_value(result)
-                .map_err(|e| WorkerError::Protocol(format!("unreadable outcome: {e}")))
+            reply.into_outcome()
         }
-        Err(e @ WorkerError::Timeout(_)) => Ok(EvalOutcome::lost("timeout", &e)),
-        Err(e @ WorkerError::Died { .. }) => Ok(EvalOutcome::lost("crashed", &e)),
+        Err(e @ WorkerError::Timeout(_)) => Ok(lost(Status::Timeout, &e)),
+        Err(e @ WorkerError::Died { .. }) => Ok(lost(Status::Crashed, &e)),
         Err(e) => Err(e),
     }
 }

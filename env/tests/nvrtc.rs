@@ -94,3 +94,84 @@ fn a_nul_byte_in_the_source_is_refused() {
     let e = compile(&unit("nul.cu", "int a;\0"), Arch::SM90).unwrap_err();
     assert_eq!(e.to_string(), "the source of `nul.cu` contains a NUL byte");
 }
+
+mod compile_only {
+    use mtmc_env::evaluator::{Candidate, CompileOnly, Evaluator, ProblemSource, cuda_sources};
+    use mtmc_env::nvrtc::Arch;
+    use mtmc_env::outcome::{EvaluatorKind, Status};
+
+    const CANDIDATE: &str = r#"
+import cupy as cp
+NOT_CUDA = "a short string with \"quotes\" and '''"
+_SRC = r"""
+extern "C" __global__ void twice(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+"""
+DOC = '''just text, no kernel'''
+_BAD = '''
+extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }
+'''
+"#;
+
+    fn judge(code: &str) -> mtmc_env::outcome::Outcome {
+        let mut ev = CompileOnly {
+            arch: Arch::SM90,
+            reason: "no GPU on this machine".into(),
+        };
+        let problem = ProblemSource {
+            name: "p.py".into(),
+            code: String::new(),
+        };
+        let c = Candidate::Python {
+            name: "c.py".into(),
+            code: code.into(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(ev.evaluate(&problem, &c)).unwrap_or_else(|e| {
+            panic!("{e}\nthese tests need NVRTC 13 on the library path: run scripts/test")
+        })
+    }
+
+    #[test]
+    fn the_cuda_strings_of_a_python_candidate_are_found() {
+        let found = cuda_sources(CANDIDATE);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("void twice"));
+        assert!(found[1].contains("void broken"));
+    }
+
+    #[test]
+    fn a_candidate_that_compiles_says_nothing_was_run() {
+        let code = CANDIDATE.split("_BAD").next().unwrap();
+        let o = judge(code);
+        assert_eq!(o.evaluator, EvaluatorKind::CompileOnly);
+        assert_eq!(o.status, Status::CompiledOnly);
+        assert!(!o.status.ran());
+        assert!(
+            o.why.as_deref().unwrap().contains("nothing was run"),
+            "{:?}",
+            o.why
+        );
+        assert_eq!(o.kernels.len(), 1);
+        let k = &o.kernels[0];
+        assert_eq!((k.name.as_str(), k.source.as_str()), ("twice", "nvrtc"));
+        assert!(k.registers.unwrap() > 0);
+        assert_eq!(k.occupancy, Some(1.0));
+        assert!(o.runtime.is_none() && o.correctness.is_none());
+    }
+
+    #[test]
+    fn a_candidate_that_does_not_compile_is_a_compile_error_with_the_line() {
+        let o = judge(CANDIDATE);
+        assert_eq!(o.status, Status::CompileError);
+        assert_eq!(
+            o.error.as_deref(),
+            Some("c.py#cuda2:2: identifier \"undefined_name\" is undefined")
+        );
+        assert!(o.compile_log.unwrap().contains("undefined_name"));
+    }
+}

@@ -50,7 +50,7 @@ async fn a_hang_costs_one_request_and_a_new_worker() {
     let started = std::time::Instant::now();
     let e = slot
         .request(
-            eval("import time\ntime.sleep(60)\n", ""),
+            eval("", "import time\ntime.sleep(60)\n"),
             Duration::from_secs(1),
         )
         .await
@@ -65,8 +65,8 @@ async fn a_hang_costs_one_request_and_a_new_worker() {
 #[tokio::test]
 async fn a_crash_is_reported_with_its_status_and_the_next_request_works() {
     let mut slot = WorkerSlot::new(None);
-    let problem = "import os, sys\nprint('about to die', file=sys.stderr)\nos._exit(7)\n";
-    let e = slot.request(eval(problem, ""), LIMIT).await.unwrap_err();
+    let candidate = "import os, sys\nprint('about to die', file=sys.stderr)\nos._exit(7)\n";
+    let e = slot.request(eval("", candidate), LIMIT).await.unwrap_err();
     match &e {
         WorkerError::Died { status, stderr } => {
             assert!(status.contains('7'), "{status}");

@@ -13,6 +13,13 @@ pub fn run(out: &mut dyn std::io::Write) -> Result<()> {
             writeln!(out, "         {:width$}  fix: {fix}", "")?;
         }
     }
+    writeln!(out, "\nevaluators:")?;
+    for (kind, state) in mtmc_env::evaluator::available(&checks) {
+        match state {
+            Ok(what) => writeln!(out, "  {:<13} yes  {what}", kind.name())?,
+            Err(why) => writeln!(out, "  {:<13} no   {why}", kind.name())?,
+        }
+    }
     let missing = checks.iter().filter(|c| !c.ok).count();
     if missing == 0 {
         writeln!(out, "\neverything mtmc uses is here")?;

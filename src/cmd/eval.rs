@@ -1,13 +1,34 @@
-//! `mtmc eval`: run one candidate `ModelNew` through the KernelBench
-//! protocol in the evaluation worker and print the outcome.
+//! `mtmc eval`: run candidates through an evaluator and print each Outcome.
+//!
+//! With a GPU and torch, the Python worker runs the KernelBench protocol;
+//! without a GPU, the compile-only evaluator compiles the candidate's CUDA
+//! with NVRTC and says that nothing was run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use mtmc_env::worker::{EvalOutcome, Protocol, WorkerError, WorkerSlot, evaluate};
+use mtmc_actions::device::{MathMode, builtin_devices, find_device};
+use mtmc_actions::graph::OpGraph;
+use mtmc_env::evaluator::{
+    Candidate, CompileOnly, EvalError, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings,
+};
+use mtmc_env::nvrtc::Arch;
+use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
+use mtmc_env::worker::{Protocol, WorkerError, WorkerSlot};
 
-use crate::source::Problems;
+use crate::source::{Problems, cache_dir};
+
+/// Which evaluator `mtmc eval` uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Choice {
+    /// The worker when this machine has a GPU, else compile-only.
+    Auto,
+    /// The Python worker (KernelBench protocol on the GPU).
+    Worker,
+    /// NVRTC only; nothing is run.
+    CompileOnly,
+}
 
 /// What `mtmc eval` was asked to do.
 pub struct Request<'a> {
@@ -17,12 +38,24 @@ pub struct Request<'a> {
     pub problem: &'a str,
     /// Candidates' Python sources (each defines `ModelNew`), evaluated in
     /// order by one worker slot.
-    pub candidates: &'a [std::path::PathBuf],
+    pub candidates: &'a [PathBuf],
+    /// Which evaluator.
+    pub evaluator: Choice,
     /// Timed trials.
     pub trials: u32,
     /// Wall-clock limit for each candidate's evaluation.
     pub timeout: Duration,
-    /// Where to write the outcome as JSON.
+    /// Baselines to time (`eager`, `compile`).
+    pub baselines: Vec<String>,
+    /// Read and write the baseline cache.
+    pub baseline_cache: bool,
+    /// Draw inputs on the host as KernelBench does (slower).
+    pub host_inputs: bool,
+    /// Run the worker on the CPU (checks only; timings are host-clock).
+    pub cpu: bool,
+    /// Fail candidates that compute with torch ops.
+    pub strict: bool,
+    /// Where to write the outcomes as JSON.
     pub json: Option<&'a Path>,
 }
 
@@ -36,60 +69,119 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
              (a problems.jsonl or a KernelBench checkout)"
         );
     }
-    let mut sources = Vec::new();
+    let graph: Option<OpGraph> = problems.graphs(&[p])?.remove(0).graph.ok();
+    let mut candidates = Vec::new();
     for path in req.candidates {
         let code = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read candidate `{}`", path.display()))?;
         let name = path
             .file_name()
             .map_or("candidate.py".into(), |n| n.to_string_lossy().into_owned());
-        sources.push((name, code));
+        candidates.push(Candidate::Python { name, code });
     }
-    let protocol = Protocol {
-        trials: req.trials,
-        ..Protocol::KERNELBENCH_FP32
+    let problem = ProblemSource {
+        name: format!("{}.py", p.name),
+        code: p.code.clone(),
+    };
+    let kind = match req.evaluator {
+        Choice::Worker => EvaluatorKind::Worker,
+        Choice::CompileOnly => EvaluatorKind::CompileOnly,
+        Choice::Auto if req.cpu => EvaluatorKind::Worker,
+        Choice::Auto => match mtmc_env::probe::driver() {
+            Ok(d) if !d.gpus.is_empty() => EvaluatorKind::Worker,
+            _ => EvaluatorKind::CompileOnly,
+        },
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let problem = (format!("{}.py", p.name), p.code.clone());
-    let mut slot = WorkerSlot::new(None);
     let mut outcomes = Vec::new();
-    for (name, code) in &sources {
-        let outcome = runtime.block_on(evaluate(
-            &mut slot,
-            (&problem.0, &problem.1),
-            (name, code),
-            &protocol,
-            req.timeout,
-        ));
-        let outcome = match outcome {
-            Err(WorkerError::Failed(e)) if e.contains("No module named 'torch'") => bail!(
-                "{} has no torch, which evaluation needs: install it there, or set MTMC_PYTHON to a Python that has it",
-                mtmc_env::python::interpreter().to_string_lossy()
-            ),
-            other => other?,
-        };
-        if outcome.status == "not_run" {
-            bail!(
-                "nothing was run: {}",
-                outcome
-                    .why
-                    .as_deref()
-                    .unwrap_or("the worker could not run the candidate")
-            );
+    let device_spec = builtin_devices();
+    match kind {
+        EvaluatorKind::CompileOnly => {
+            let reason = match req.evaluator {
+                Choice::CompileOnly => "asked for".to_string(),
+                _ => "no GPU on this machine".to_string(),
+            };
+            let mut ev = CompileOnly {
+                arch: Arch::SM90,
+                reason,
+            };
+            for c in &candidates {
+                let o = runtime.block_on(ev.evaluate(&problem, c))?;
+                print(out, c.name(), &o)?;
+                outcomes.push(serde_json::json!({"candidate": c.name(), "outcome": o}));
+            }
         }
-        print(out, name, &outcome)?;
-        out.flush()?;
-        outcomes.push(serde_json::json!({"candidate": name, "outcome": outcome}));
+        EvaluatorKind::Worker | EvaluatorKind::Native => {
+            let settings = WorkerSettings {
+                protocol: Protocol {
+                    trials: req.trials,
+                    ..Protocol::KERNELBENCH_FP32
+                },
+                baselines: req.baselines.clone(),
+                baseline_cache: req
+                    .baseline_cache
+                    .then(|| cache_dir().map(|d| d.join("baselines")))
+                    .flatten(),
+                inputs_on_device: !req.host_inputs,
+                cpu: req.cpu,
+                strict: req.strict,
+                limit: req.timeout,
+                prepare_limit: req.timeout.max(Duration::from_secs(900)),
+            };
+            let mut ev = WorkerEvaluator::new(WorkerSlot::new(None), settings);
+            if !req.baselines.is_empty() {
+                writeln!(
+                    out,
+                    "{p}: reference outputs and baselines ({})…",
+                    req.baselines.join(", ")
+                )?;
+                out.flush()?;
+            }
+            for c in &candidates {
+                let o = match runtime.block_on(ev.evaluate(&problem, c)) {
+                    Err(EvalError::Worker(WorkerError::Failed(e)))
+                        if e.contains("No module named 'torch'") =>
+                    {
+                        bail!(
+                            "{} has no torch, which evaluation needs: install it there, or set MTMC_PYTHON to a Python that has it",
+                            mtmc_env::python::interpreter().to_string_lossy()
+                        )
+                    }
+                    Err(EvalError::Worker(e)) if e.lost_worker() => {
+                        bail!("the reference side of {p} could not be computed: {e}")
+                    }
+                    other => other.with_context(|| format!("evaluating {}", c.name()))?,
+                };
+                let mut o = o;
+                if o.status == Status::CompiledOnly {
+                    bail!(
+                        "nothing was run: {}; use --evaluator compile-only on machines without a GPU",
+                        o.why
+                            .as_deref()
+                            .unwrap_or("the worker could not run the candidate")
+                    );
+                }
+                if let (Some(g), Some(spec)) = (
+                    &graph,
+                    find_device(&device_spec, o.device.as_deref().unwrap_or("")),
+                ) {
+                    o.add_roofline(g, spec, MathMode::default());
+                }
+                print(out, c.name(), &o)?;
+                out.flush()?;
+                outcomes.push(serde_json::json!({"candidate": c.name(), "outcome": o}));
+            }
+            writeln!(
+                out,
+                "{p}: {} candidate(s), {} worker start(s)",
+                outcomes.len(),
+                ev.slot.starts
+            )?;
+        }
     }
-    writeln!(
-        out,
-        "{p}: {} candidate(s), {} worker start(s)",
-        outcomes.len(),
-        slot.starts
-    )?;
     if let Some(path) = req.json {
         let text = serde_json::to_string_pretty(&outcomes).expect("outcomes serialize");
         std::fs::write(path, text + "\n")
@@ -98,48 +190,108 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     Ok(())
 }
 
-fn print(out: &mut dyn std::io::Write, candidate: &str, o: &EvalOutcome) -> Result<()> {
-    writeln!(out, "{candidate}: {}", o.status)?;
+/// Prints one outcome in a few lines; `--json` keeps everything.
+pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Result<()> {
+    writeln!(
+        out,
+        "{candidate}: {} ({})",
+        o.status.name(),
+        o.evaluator.name()
+    )?;
     for (label, value) in [("error", &o.error), ("why", &o.why)] {
         if let Some(v) = value {
             // The first line; the JSON output keeps the whole text.
             writeln!(out, "  {label}: {}", v.lines().next().unwrap_or_default())?;
         }
     }
-    if let Some(index) = &o.first_bad_index {
-        writeln!(
-            out,
-            "  first bad element {index:?}: expected {}, got {}",
-            o.expected.unwrap_or(f64::NAN),
-            o.got.unwrap_or(f64::NAN)
-        )?;
-    }
-    if let (Some(n), Some(err)) = (o.trials_run, o.max_abs_err) {
-        write!(out, "  {n} correctness trial(s), max abs error {err:.3e}")?;
-        match o.rel_to_scale {
-            Some(r) => writeln!(out, " ({r:.2e} of the output's scale)")?,
-            None => writeln!(out)?,
+    if let Some(c) = &o.correctness {
+        if let Some(bad) = &c.first_bad {
+            writeln!(
+                out,
+                "  first bad element {:?}: expected {}, got {}",
+                bad.index, bad.expected, bad.got
+            )?;
+        }
+        if let Some(err) = c.max_abs_err {
+            write!(
+                out,
+                "  {} correctness trial(s), max abs error {err:.3e}",
+                c.trials
+            )?;
+            match c.rel_to_scale {
+                Some(r) => writeln!(out, " ({r:.2e} of the output's scale)")?,
+                None => writeln!(out)?,
+            }
         }
     }
     if let Some(s) = o.load_seconds {
         writeln!(out, "  load (compile) {s:.2} s")?;
     }
+    for k in &o.kernels {
+        let field =
+            |v: Option<u32>, unit: &str| v.map_or("?".to_string(), |v| format!("{v}{unit}"));
+        write!(
+            out,
+            "  kernel {} ({}): {} registers, {} shared, {} local",
+            k.name,
+            k.source,
+            field(k.registers, ""),
+            field(k.shared_bytes, " B"),
+            field(k.local_bytes, " B")
+        )?;
+        match k.occupancy {
+            Some(occ) => writeln!(out, ", occupancy {:.0}% at 256 threads", occ * 100.0)?,
+            None => writeln!(out)?,
+        }
+    }
+    if !o.torch_ops.is_empty() {
+        let ops: Vec<String> = o
+            .torch_ops
+            .iter()
+            .map(|(k, n)| format!("{k}×{n}"))
+            .collect();
+        writeln!(out, "  torch ops: {}", ops.join(", "))?;
+    }
     if let Some(r) = &o.runtime {
         writeln!(
             out,
-            "  candidate  mean {:.4} ms  median {:.4} ms  std {:.4} ms  ({} trials)",
-            r.mean_ms, r.median_ms, r.std_ms, r.trials
+            "  candidate  mean {:.4} ms  median {:.4} ms  std {:.4} ms  ({} trials, {})",
+            r.mean_ms, r.median_ms, r.std_ms, r.trials, r.clock
         )?;
     }
-    if let Some(b) = &o.baseline_eager {
+    for (name, b) in &o.baselines {
+        match (&b.timing, &b.error) {
+            (Some(t), _) => {
+                let cached = if b.cached { ", cached" } else { "" };
+                write!(
+                    out,
+                    "  {name:<9}  mean {:.4} ms  median {:.4} ms  std {:.4} ms{cached}",
+                    t.mean_ms, t.median_ms, t.std_ms
+                )?;
+                match o.speedup_vs(name) {
+                    Some(s) => writeln!(out, "  → speedup {s:.3}x")?,
+                    None => writeln!(out)?,
+                }
+            }
+            (None, Some(e)) => writeln!(
+                out,
+                "  {name:<9}  failed: {}",
+                e.lines().next().unwrap_or("")
+            )?,
+            (None, None) => {}
+        }
+    }
+    if let Some(a) = &o.achieved {
         writeln!(
             out,
-            "  eager      mean {:.4} ms  median {:.4} ms  std {:.4} ms",
-            b.mean_ms, b.median_ms, b.std_ms
+            "  achieved {:.0} GB/s, {:.2} TFLOP/s; {:.0}% of the {} roofline ({:.4} ms)",
+            a.bandwidth_gbps,
+            a.tflops,
+            a.roofline_fraction * 100.0,
+            a.device,
+            a.roofline_ms
         )?;
     }
-    if let Some(s) = o.speedup_vs_eager() {
-        writeln!(out, "  speedup vs eager {s:.3}x")?;
-    }
+    writeln!(out, "  wall {:.2} s", o.wall_seconds)?;
     Ok(())
 }

@@ -1,0 +1,363 @@
+//! The evaluators behind one interface: a candidate goes in, an
+//! [`Outcome`] comes out.
+//!
+//! - [`WorkerEvaluator`]: the Python worker runs the KernelBench protocol
+//!   against the problem's PyTorch model (CUDA through cupy/NVRTC, Triton).
+//! - [`CompileOnly`]: for machines without a GPU: every CUDA source of the
+//!   candidate is compiled with NVRTC and its kernels' resources are read;
+//!   the outcome says that nothing was run.
+//!
+//! Which ones a machine has is [`available`]'s answer (`mtmc doctor`).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::nvrtc::{self, Arch, CompileUnit, NvrtcError, SmLimits};
+use crate::outcome::{EvaluatorKind, KernelReport, Outcome, Status};
+use crate::worker::{self, Protocol, WorkerError, WorkerSlot};
+
+/// A problem as the evaluators see it.
+#[derive(Clone, Debug)]
+pub struct ProblemSource {
+    /// File name, for messages (`19_ReLU.py`).
+    pub name: String,
+    /// The PyTorch program defining `Model`, `get_inputs`, `get_init_inputs`.
+    pub code: String,
+}
+
+/// What is evaluated.
+#[derive(Clone, Debug)]
+pub enum Candidate {
+    /// A Python file defining `ModelNew` (its kernels compiled with NVRTC
+    /// through cupy, or Triton).
+    Python {
+        /// File name.
+        name: String,
+        /// Source.
+        code: String,
+    },
+}
+
+impl Candidate {
+    /// The candidate's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Candidate::Python { name, .. } => name,
+        }
+    }
+}
+
+/// Why an evaluator gave no outcome at all (a candidate's own failures are
+/// outcomes, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// The worker could not be used.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// NVRTC could not be used.
+    #[error(transparent)]
+    Nvrtc(#[from] NvrtcError),
+}
+
+/// One way of judging candidates.
+pub trait Evaluator {
+    /// Which evaluator this is.
+    fn kind(&self) -> EvaluatorKind;
+
+    /// Evaluates `candidate` on `problem`.
+    fn evaluate(
+        &mut self,
+        problem: &ProblemSource,
+        candidate: &Candidate,
+    ) -> impl Future<Output = Result<Outcome, EvalError>>;
+}
+
+/// Where candidates run, and how inputs are made.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    /// The KernelBench protocol's numbers.
+    pub protocol: Protocol,
+    /// Baselines to time (`eager`, `compile`).
+    pub baselines: Vec<String>,
+    /// Where baseline timings are cached per (problem, GPU, torch version).
+    pub baseline_cache: Option<PathBuf>,
+    /// Draw inputs on the GPU (fast) instead of on the host and copying them
+    /// over (KernelBench's exact values).
+    pub inputs_on_device: bool,
+    /// Run on the CPU (tests on machines without a GPU).
+    pub cpu: bool,
+    /// Fail candidates that compute with torch ops.
+    pub strict: bool,
+    /// Wall-clock limit per candidate.
+    pub limit: Duration,
+    /// Wall-clock limit for a problem's reference side and baselines
+    /// (torch.compile takes a while).
+    pub prepare_limit: Duration,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> WorkerSettings {
+        WorkerSettings {
+            protocol: Protocol::KERNELBENCH_FP32,
+            baselines: vec!["eager".into()],
+            baseline_cache: None,
+            inputs_on_device: true,
+            cpu: false,
+            strict: false,
+            limit: Duration::from_secs(120),
+            prepare_limit: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The Python worker behind [`Evaluator`].
+pub struct WorkerEvaluator {
+    /// The worker process slot (started lazily, replaced after faults).
+    pub slot: WorkerSlot,
+    /// The settings of every request.
+    pub settings: WorkerSettings,
+    prepared: Option<String>,
+}
+
+impl WorkerEvaluator {
+    /// An evaluator on `slot`.
+    pub fn new(slot: WorkerSlot, settings: WorkerSettings) -> WorkerEvaluator {
+        WorkerEvaluator {
+            slot,
+            settings,
+            prepared: None,
+        }
+    }
+
+    fn request(&self, op: &str, problem: &ProblemSource) -> serde_json::Value {
+        let s = &self.settings;
+        let p = &s.protocol;
+        serde_json::json!({
+            "op": op,
+            "problem": {"name": problem.name, "code": problem.code},
+            "seed": p.seed,
+            "correctness_trials": p.correctness_trials,
+            "warmup": p.warmup,
+            "trials": p.trials,
+            "atol": p.atol,
+            "rtol": p.rtol,
+            "baselines": s.baselines,
+            "baseline_cache": s.baseline_cache,
+            "inputs": if s.inputs_on_device { "device" } else { "host" },
+            "device": if s.cpu { "cpu" } else { "cuda" },
+            "strict": s.strict,
+        })
+    }
+
+    /// Computes the problem's reference side and baselines now, under the
+    /// longer prepare limit, so that the first candidate's limit covers the
+    /// candidate alone. Returns the worker's report.
+    pub async fn prepare(
+        &mut self,
+        problem: &ProblemSource,
+    ) -> Result<serde_json::Value, WorkerError> {
+        let request = self.request("prepare", problem);
+        let limit = self.settings.prepare_limit;
+        let report = self.slot.request(request, limit).await?;
+        self.prepared = Some(problem.code.clone());
+        Ok(report)
+    }
+}
+
+impl Evaluator for WorkerEvaluator {
+    fn kind(&self) -> EvaluatorKind {
+        EvaluatorKind::Worker
+    }
+
+    async fn evaluate(
+        &mut self,
+        problem: &ProblemSource,
+        candidate: &Candidate,
+    ) -> Result<Outcome, EvalError> {
+        let Candidate::Python { name, code } = candidate;
+        // A fresh worker has no reference side: build it under the prepare
+        // limit, not the candidate's.
+        if self.prepared.as_deref() != Some(problem.code.as_str()) || self.slot.is_idle() {
+            self.prepare(problem).await?;
+        }
+        let mut request = self.request("eval", problem);
+        request["candidate"] = serde_json::json!({"name": name, "code": code});
+        let started = Instant::now();
+        let mut outcome = worker::run_eval(&mut self.slot, request, self.settings.limit).await?;
+        outcome.wall_seconds = started.elapsed().as_secs_f64();
+        Ok(outcome)
+    }
+}
+
+/// The CUDA sources inside a Python candidate: its string literals (triple
+/// quoted, as kernels are written) that define a `__global__` function.
+pub fn cuda_sources(python: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = python;
+    while let Some(start) = rest.find(['"', '\'']) {
+        let quote = &rest[start..];
+        let delimiter = if quote.starts_with("\"\"\"") {
+            "\"\"\""
+        } else if quote.starts_with("'''") {
+            "'''"
+        } else {
+            rest = skip_short_string(&rest[start..]);
+            continue;
+        };
+        let body = &quote[3..];
+        match body.find(delimiter) {
+            Some(end) => {
+                if body[..end].contains("__global__") {
+                    found.push(body[..end].to_string());
+                }
+                rest = &body[end + 3..];
+            }
+            None => break,
+        }
+    }
+    found
+}
+
+fn skip_short_string(s: &str) -> &str {
+    let quote = s.as_bytes()[0];
+    let mut escaped = false;
+    for (i, b) in s.bytes().enumerate().skip(1) {
+        match b {
+            b'\\' if !escaped => escaped = true,
+            b'\n' => return &s[i..],
+            _ if b == quote && !escaped => return &s[i + 1..],
+            _ => escaped = false,
+        }
+    }
+    ""
+}
+
+/// NVRTC only: compiles and reports, runs nothing.
+pub struct CompileOnly {
+    /// The target architecture.
+    pub arch: Arch,
+    /// Why nothing is run, for the outcome (`no GPU on this machine`).
+    pub reason: String,
+}
+
+impl CompileOnly {
+    /// Compiles each CUDA source; the outcome is `compiled_only` when all
+    /// compile, else `compile_error` with the first failing log.
+    pub fn compile_sources(&self, sources: &[(String, String)]) -> Result<Outcome, NvrtcError> {
+        let mut outcome = Outcome::new(EvaluatorKind::CompileOnly, Status::CompiledOnly);
+        let started = Instant::now();
+        let mut logs = Vec::new();
+        for (name, source) in sources {
+            let report = nvrtc::compile(
+                &CompileUnit {
+                    name: name.clone(),
+                    source: source.clone(),
+                },
+                self.arch,
+            )?;
+            if !report.log.trim().is_empty() {
+                logs.push(format!("{name}:\n{}", report.log.trim_end()));
+            }
+            if !report.ok {
+                outcome.status = Status::CompileError;
+                outcome.error = Some(
+                    report
+                        .diagnostics
+                        .iter()
+                        .find(|d| d.severity == "error")
+                        .map_or_else(
+                            || format!("{name} does not compile"),
+                            |d| match d.line {
+                                Some(line) => format!("{name}:{line}: {}", d.message),
+                                None => format!("{name}: {}", d.message),
+                            },
+                        ),
+                );
+                break;
+            }
+            outcome
+                .kernels
+                .extend(report.kernels.iter().map(|k| KernelReport {
+                    name: k.name.clone(),
+                    source: "nvrtc".into(),
+                    registers: Some(k.registers),
+                    shared_bytes: Some(k.shared_bytes),
+                    local_bytes: Some(k.stack_bytes),
+                    spills: Some(k.spill_store_bytes + k.spill_load_bytes),
+                    occupancy: Some(nvrtc::occupancy(k, 256, 0, SmLimits::SM90)),
+                }));
+        }
+        outcome.load_seconds = Some(started.elapsed().as_secs_f64());
+        outcome.wall_seconds = started.elapsed().as_secs_f64();
+        outcome.compile_log = Some(logs.join("\n"));
+        if outcome.status == Status::CompiledOnly {
+            outcome.why = Some(format!(
+                "compile only ({}): {} kernel(s) compiled for {}; nothing was run, so nothing is known of correctness or speed",
+                self.reason,
+                outcome.kernels.len(),
+                self.arch.sm()
+            ));
+        }
+        Ok(outcome)
+    }
+}
+
+impl Evaluator for CompileOnly {
+    fn kind(&self) -> EvaluatorKind {
+        EvaluatorKind::CompileOnly
+    }
+
+    async fn evaluate(
+        &mut self,
+        _problem: &ProblemSource,
+        candidate: &Candidate,
+    ) -> Result<Outcome, EvalError> {
+        let Candidate::Python { name, code } = candidate;
+        let sources: Vec<(String, String)> = cuda_sources(code)
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (format!("{name}#cuda{}", i + 1), s))
+            .collect();
+        let mut outcome = self.compile_sources(&sources)?;
+        if sources.is_empty() {
+            outcome.why = Some(format!(
+                "compile only ({}): {name} holds no CUDA source (a string with a __global__ function); Triton and torch code need a GPU",
+                self.reason
+            ));
+        }
+        Ok(outcome)
+    }
+}
+
+/// Which evaluators this machine can use, from `mtmc doctor`'s checks:
+/// each with what it can do, or what it needs.
+pub fn available(checks: &[crate::probe::Check]) -> Vec<(EvaluatorKind, Result<String, String>)> {
+    let ok = |component: &str| checks.iter().any(|c| c.component == component && c.ok);
+    let torch_gpu = checks
+        .iter()
+        .any(|c| c.component == "torch" && c.ok && c.detail.contains("sees a GPU"));
+    vec![
+        (
+            EvaluatorKind::Worker,
+            match (ok("GPU"), torch_gpu) {
+                (true, true) => Ok(
+                    "torch on the GPU: KernelBench problems, with cupy/NVRTC and Triton candidates"
+                        .into(),
+                ),
+                (false, _) => Err("needs a GPU".into()),
+                (true, false) => {
+                    Err("needs torch that sees the GPU in the worker's Python (MTMC_PYTHON)".into())
+                }
+            },
+        ),
+        (
+            EvaluatorKind::CompileOnly,
+            if ok("NVRTC") {
+                Ok("NVRTC: compiles a candidate's CUDA and reads each kernel's resources; runs nothing".into())
+            } else {
+                Err("needs NVRTC 13 (pip install 'nvidia-cuda-nvrtc==13.0.*')".into())
+            },
+        ),
+    ]
+}

@@ -1,0 +1,283 @@
+//! What an evaluation found: the one record every evaluator returns.
+//!
+//! An [`Outcome`] says whether the candidate compiled (with the log), whether
+//! it ran and was correct (error figures, first bad element), how fast it
+//! was against the baselines timed in the same run, how close it came to the
+//! roofline, and what each kernel costs in registers, spills, shared memory
+//! and occupancy. It serializes to JSON for reports and trajectories.
+
+use std::collections::BTreeMap;
+
+use mtmc_actions::device::{DeviceSpec, MathMode, roofline};
+use mtmc_actions::graph::OpGraph;
+use serde::{Deserialize, Serialize};
+
+/// Which evaluator produced an outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvaluatorKind {
+    /// The Python worker: the problem's PyTorch model is the reference.
+    Worker,
+    /// cudarc in a child process: kernels with a launch plan, checked
+    /// against the f64 CPU reference.
+    Native,
+    /// NVRTC only: compiled, nothing run.
+    CompileOnly,
+}
+
+impl EvaluatorKind {
+    /// The name used in reports and flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvaluatorKind::Worker => "worker",
+            EvaluatorKind::Native => "native",
+            EvaluatorKind::CompileOnly => "compile-only",
+        }
+    }
+}
+
+/// The verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Every check passed and it was timed.
+    Correct,
+    /// It ran and a check failed (`why` says which).
+    Incorrect,
+    /// It did not compile or load (`error`, `compile.log`).
+    CompileError,
+    /// It failed while running (`error`).
+    RuntimeError,
+    /// It overran the wall-clock limit; its worker was stopped.
+    Timeout,
+    /// Its worker died (a segfault, a fatal CUDA error).
+    Crashed,
+    /// It compiled; nothing was run (no GPU, or compile-only asked for).
+    CompiledOnly,
+}
+
+impl Status {
+    /// The name used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Correct => "correct",
+            Status::Incorrect => "incorrect",
+            Status::CompileError => "compile_error",
+            Status::RuntimeError => "runtime_error",
+            Status::Timeout => "timeout",
+            Status::Crashed => "crashed",
+            Status::CompiledOnly => "compiled_only",
+        }
+    }
+
+    /// Whether the candidate ran on a GPU at all.
+    pub fn ran(self) -> bool {
+        matches!(
+            self,
+            Status::Correct | Status::Incorrect | Status::RuntimeError
+        )
+    }
+}
+
+/// Timing statistics of one callable, milliseconds per call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timing {
+    /// Mean.
+    pub mean_ms: f64,
+    /// Median.
+    pub median_ms: f64,
+    /// Sample standard deviation.
+    pub std_ms: f64,
+    /// Fastest trial.
+    pub min_ms: f64,
+    /// Slowest trial.
+    pub max_ms: f64,
+    /// Timed trials.
+    pub trials: u32,
+    /// `cuda_events`, or `host` where there was no GPU (tests).
+    #[serde(default = "cuda_events")]
+    pub clock: String,
+}
+
+fn cuda_events() -> String {
+    "cuda_events".into()
+}
+
+/// A baseline's timing, or why it has none.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// The timing.
+    #[serde(flatten)]
+    pub timing: Option<Timing>,
+    /// Why it could not be timed (torch.compile failed, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Read from the baseline cache instead of measured now.
+    #[serde(default)]
+    pub cached: bool,
+    /// When it was measured (UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<String>,
+}
+
+/// The correctness checks' figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Correctness {
+    /// Trials run (each with fresh inputs).
+    pub trials: u32,
+    /// Largest absolute error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_abs_err: Option<f64>,
+    /// Largest absolute error over the largest reference magnitude.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rel_to_scale: Option<f64>,
+    /// First element outside tolerance: its index, expected and got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_bad: Option<BadElement>,
+    /// Elements compared per output, where not all were (the f64 reference
+    /// samples large outputs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elements_checked: Option<u64>,
+}
+
+/// One element outside tolerance.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BadElement {
+    /// Its index, one entry per dimension.
+    pub index: Vec<u64>,
+    /// The reference's value.
+    pub expected: f64,
+    /// The candidate's value.
+    pub got: f64,
+}
+
+/// One kernel's resources, from ptxas or the kernel object.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KernelReport {
+    /// Kernel name.
+    pub name: String,
+    /// Where the figures come from: `nvrtc`, `cupy`, `triton`.
+    pub source: String,
+    /// Registers per thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registers: Option<u32>,
+    /// Static shared memory per block, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_bytes: Option<u32>,
+    /// Local memory per thread (stack and spills), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_bytes: Option<u32>,
+    /// Spilled bytes (stores + loads) or spilled registers (Triton).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spills: Option<u32>,
+    /// Theoretical occupancy at the launch's block size, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occupancy: Option<f64>,
+}
+
+/// Achieved rates against the device's roofline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Achieved {
+    /// Minimum bytes over the candidate's mean time, GB/s.
+    pub bandwidth_gbps: f64,
+    /// FLOPs over the candidate's mean time, TFLOP/s.
+    pub tflops: f64,
+    /// The roofline's lower bound on the time, ms.
+    pub roofline_ms: f64,
+    /// Roofline time over the candidate's mean time (1 = at the roofline).
+    pub roofline_fraction: f64,
+    /// The device the roofline is for.
+    pub device: String,
+}
+
+/// Everything one evaluation found.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Which evaluator.
+    pub evaluator: EvaluatorKind,
+    /// The verdict.
+    pub status: Status,
+    /// The device it ran on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// The error or traceback's last line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Why it is incorrect, or why it was not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The compiler's log (NVRTC), where the evaluator compiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_log: Option<String>,
+    /// Seconds to compile or load the candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_seconds: Option<f64>,
+    /// The correctness figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correctness: Option<Correctness>,
+    /// The candidate's timing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Timing>,
+    /// The baselines, by name (`eager`, `compile`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub baselines: BTreeMap<String, Baseline>,
+    /// Achieved rates and the fraction of roofline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achieved: Option<Achieved>,
+    /// Per-kernel resources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<KernelReport>,
+    /// The torch (aten) ops the candidate ran, with counts: library calls.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub torch_ops: BTreeMap<String, u32>,
+    /// Wall-clock seconds of the whole evaluation, as the caller saw it.
+    #[serde(default)]
+    pub wall_seconds: f64,
+}
+
+impl Outcome {
+    /// An outcome with only a verdict.
+    pub fn new(evaluator: EvaluatorKind, status: Status) -> Outcome {
+        Outcome {
+            evaluator,
+            status,
+            device: None,
+            error: None,
+            why: None,
+            compile_log: None,
+            load_seconds: None,
+            correctness: None,
+            runtime: None,
+            baselines: BTreeMap::new(),
+            achieved: None,
+            kernels: Vec::new(),
+            torch_ops: BTreeMap::new(),
+            wall_seconds: 0.0,
+        }
+    }
+
+    /// Baseline mean over the candidate's mean, when both were timed.
+    pub fn speedup_vs(&self, baseline: &str) -> Option<f64> {
+        let b = self.baselines.get(baseline)?.timing.as_ref()?;
+        Some(b.mean_ms / self.runtime.as_ref()?.mean_ms)
+    }
+
+    /// Fills [`Outcome::achieved`] from the problem's graph and the
+    /// device's roofline, when the candidate was timed on a GPU. Bytes are
+    /// the fused minimum (inputs, parameters and outputs once).
+    pub fn add_roofline(&mut self, graph: &OpGraph, device: &DeviceSpec, math: MathMode) {
+        let Some(rt) = &self.runtime else { return };
+        if rt.clock != "cuda_events" || rt.mean_ms <= 0.0 {
+            return;
+        }
+        let roof = roofline(graph, device, math);
+        let seconds = rt.mean_ms * 1e-3;
+        self.achieved = Some(Achieved {
+            bandwidth_gbps: roof.cost.fused_bytes as f64 / seconds / 1e9,
+            tflops: roof.cost.unfused.flops as f64 / seconds / 1e12,
+            roofline_ms: roof.time_s * 1e3,
+            roofline_fraction: roof.time_s / seconds,
+            device: device.name.clone(),
+        });
+    }
+}

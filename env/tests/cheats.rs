@@ -1,0 +1,176 @@
+//! The worker's checks on the CPU, with real torch: every cheat that can be
+//! shown without a GPU is caught, an honest candidate passes, and a patched
+//! process is replaced. Needs a Python with torch: `$MTMC_TEST_PYTHON`
+//! (scripts/test installs one and sets `MTMC_EXPECT_TORCH=1`, which turns a
+//! missing torch into a failure instead of a skip).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use mtmc_env::evaluator::{Candidate, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings};
+use mtmc_env::outcome::{Outcome, Status};
+use mtmc_env::worker::{Protocol, WorkerSlot};
+
+const CHEATS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cheats");
+
+fn torch_python() -> Option<OsString> {
+    match std::env::var_os("MTMC_TEST_PYTHON") {
+        Some(p) => Some(p),
+        None if std::env::var_os("MTMC_EXPECT_TORCH").is_some() => {
+            panic!("MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON (a Python with torch) is not")
+        }
+        None => {
+            eprintln!("skipped: set MTMC_TEST_PYTHON to a Python with torch");
+            None
+        }
+    }
+}
+
+fn file(name: &str) -> String {
+    std::fs::read_to_string(format!("{CHEATS}/{name}")).unwrap()
+}
+
+fn problem(name: &str) -> ProblemSource {
+    ProblemSource {
+        name: name.into(),
+        code: file(name),
+    }
+}
+
+fn candidate(name: &str) -> Candidate {
+    Candidate::Python {
+        name: name.into(),
+        code: file(name),
+    }
+}
+
+fn evaluator(python: OsString, strict: bool, limit: Duration) -> WorkerEvaluator {
+    let settings = WorkerSettings {
+        protocol: Protocol {
+            trials: 5,
+            ..Protocol::KERNELBENCH_FP32
+        },
+        cpu: true,
+        strict,
+        limit,
+        ..WorkerSettings::default()
+    };
+    WorkerEvaluator::new(WorkerSlot::with_interpreter(python, None), settings)
+}
+
+async fn eval(ev: &mut WorkerEvaluator, problem_file: &str, candidate_file: &str) -> Outcome {
+    ev.evaluate(&problem(problem_file), &candidate(candidate_file))
+        .await
+        .unwrap_or_else(|e| panic!("{candidate_file}: {e}"))
+}
+
+#[tokio::test]
+async fn every_cpu_cheat_is_caught_and_honest_work_passes() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    let cases = [
+        ("problem_relu.py", "mutates_input.py", "modified input 0"),
+        (
+            "problem_relu.py",
+            "caches_output.py",
+            "after timing, on new values in the same input buffers",
+        ),
+        (
+            "problem_relu.py",
+            "lazy_tensor.py",
+            "returned _Lazy, not a plain torch.Tensor",
+        ),
+        (
+            "problem_relu.py",
+            "half_precision.py",
+            "values differ beyond tolerance",
+        ),
+        (
+            "problem_relu.py",
+            "falls_back.py",
+            "caught an exception and went on (RuntimeError: kernel launch failed",
+        ),
+        (
+            "problem_relu.py",
+            "patches_reference.py",
+            "replaced torch.relu",
+        ),
+        (
+            "problem_relu.py",
+            "patches_timer.py",
+            "replaced time.perf_counter, torch.cuda.Event",
+        ),
+        (
+            "problem_tiny_outputs.py",
+            "zeros.py",
+            "of the output's scale: within atol only because the outputs are small",
+        ),
+    ];
+    for (p, c, why) in cases {
+        let o = eval(&mut ev, p, c).await;
+        assert_eq!(o.status, Status::Incorrect, "{c}: {o:?}");
+        let got = o.why.clone().unwrap_or_default();
+        assert!(got.contains(why), "{c}: expected `{why}` in `{got}`");
+        assert!(
+            o.runtime.is_none(),
+            "{c}: an incorrect candidate has no timing"
+        );
+    }
+    // Both patches cost a worker; the honest candidate after them runs in a
+    // clean process, and its reference is unaffected by the patched relu.
+    let starts = ev.slot.starts;
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert_eq!(
+        ev.slot.starts, starts,
+        "the honest candidate reused the worker"
+    );
+    let c = o.correctness.as_ref().unwrap();
+    assert_eq!(c.trials, 5);
+    assert_eq!(c.max_abs_err, Some(0.0));
+    assert_eq!(o.runtime.as_ref().unwrap().trials, 5);
+    assert_eq!(o.runtime.as_ref().unwrap().clock, "host");
+    assert!(o.baselines["eager"].timing.is_some());
+    assert_eq!(o.torch_ops.get("aten.clamp"), Some(&1), "{:?}", o.torch_ops);
+    assert!(
+        ev.slot.starts >= 3,
+        "two patches, two replaced workers: {}",
+        ev.slot.starts
+    );
+}
+
+#[tokio::test]
+async fn strict_mode_fails_torch_compute() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, true, Duration::from_secs(120));
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Incorrect);
+    assert_eq!(
+        o.why.as_deref(),
+        Some("strict mode: the forward computes with torch (aten.clamp)")
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_candidate_costs_itself_and_the_next_one_is_judged() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(20));
+    let hang = Candidate::Python {
+        name: "hangs.py".into(),
+        code: "import time, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        time.sleep(600)\n".into(),
+    };
+    let p = problem("problem_relu.py");
+    let o = ev.evaluate(&p, &hang).await.unwrap();
+    assert_eq!(o.status, Status::Timeout, "{o:?}");
+    assert!(o.error.unwrap().contains("no reply within 20s"));
+    let crash = Candidate::Python {
+        name: "crashes.py".into(),
+        code: "import os, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        os._exit(9)\n".into(),
+    };
+    let o = ev.evaluate(&p, &crash).await.unwrap();
+    assert_eq!(o.status, Status::Crashed, "{o:?}");
+    assert!(o.error.unwrap().contains("exit status: 9"));
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct);
+    assert_eq!(ev.slot.starts, 3);
+}
