@@ -107,6 +107,27 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
+    /// Benchmark the evaluation environment on the GPU: wall seconds per
+    /// candidate (compile + 5 correctness trials + 100 timed trials) on the
+    /// fast path (NVRTC, Triton) and the load_inline path, candidates per
+    /// minute, and the ratio, for an L1 and an L2 problem.
+    BenchEnv {
+        /// Fast-path (NVRTC) candidates per problem.
+        #[arg(long, default_value_t = 20)]
+        copies: u32,
+        /// Triton candidates per problem that has one.
+        #[arg(long, default_value_t = 3)]
+        triton_copies: u32,
+        /// Skip the load_inline path (about a minute per problem).
+        #[arg(long)]
+        no_slow: bool,
+        /// Seconds before a candidate's evaluation is stopped.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Also write every outcome as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
     /// Check the GPU and driver, NVRTC, and Python with torch, triton and cupy.
     Doctor,
 }
@@ -199,6 +220,23 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 },
             )
         }
+        Command::BenchEnv {
+            copies,
+            triton_copies,
+            no_slow,
+            timeout,
+            json,
+        } => cmd::bench_env::run(
+            out,
+            cmd::bench_env::Request {
+                kernelbench: kb,
+                copies,
+                triton_copies,
+                slow: !no_slow,
+                timeout: std::time::Duration::from_secs(timeout),
+                json: json.as_deref(),
+            },
+        ),
         Command::Doctor => cmd::doctor::run(out),
     }
 }

@@ -3,6 +3,8 @@
 //! - [`python`]: finding the Python interpreter that has torch;
 //! - [`evaluator`]: the `Evaluator` interface and the worker and
 //!   compile-only evaluators; [`outcome`]: what an evaluation found;
+//! - [`bench`]: the candidates `mtmc bench-env` times;
+//! - [`pool`]: one worker per GPU, candidates dispatched concurrently;
 //! - [`nvrtc`]: compiling CUDA C++ with NVRTC (no GPU needed): logs,
 //!   diagnostics, per-kernel resources, occupancy;
 //! - [`probe`]: what `mtmc doctor` reports (GPU and driver, NVRTC, Python
@@ -14,9 +16,11 @@
 //! Architecture invariant: nothing here panics when a library, a GPU or an
 //! interpreter is missing; every probe returns what it found or why not.
 
+pub mod bench;
 pub mod evaluator;
 pub mod nvrtc;
 pub mod outcome;
+pub mod pool;
 pub mod probe;
 pub mod python;
 pub mod tracer;

@@ -233,6 +233,10 @@ pub struct Outcome {
     /// Wall-clock seconds of the whole evaluation, as the caller saw it.
     #[serde(default)]
     pub wall_seconds: f64,
+    /// Seconds per phase, as the evaluator saw them: `reference` (the
+    /// problem's side, zero when cached), `load`, `check`, `timing`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases: BTreeMap<String, f64>,
 }
 
 impl Outcome {
@@ -253,6 +257,7 @@ impl Outcome {
             kernels: Vec::new(),
             torch_ops: BTreeMap::new(),
             wall_seconds: 0.0,
+            phases: BTreeMap::new(),
         }
     }
 

@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -76,6 +77,78 @@ impl WorkerError {
     }
 }
 
+/// How workers are cut off from the network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    /// Started through `unshare` with these flags: a network namespace of
+    /// their own, with only a loopback interface.
+    Unshare(&'static [&'static str]),
+    /// Not isolated, and why.
+    None(String),
+}
+
+/// Set to `allow` to start workers without network isolation.
+pub const NETWORK_ENV: &str = "MTMC_WORKER_NETWORK";
+
+/// Whether this machine lets workers run without a network: tries
+/// `unshare --net` as an unprivileged user (with a user namespace), then as
+/// root. Probed once per process.
+pub fn network_isolation() -> Isolation {
+    static PROBE: std::sync::OnceLock<Isolation> = std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            if std::env::var(NETWORK_ENV).is_ok_and(|v| v == "allow") {
+                return Isolation::None(format!("{NETWORK_ENV}=allow"));
+            }
+            let candidates: [&'static [&'static str]; 2] =
+                [&["--net", "--map-root-user"], &["--net"]];
+            let mut last = String::from("unshare is not installed");
+            for flags in candidates {
+                match std::process::Command::new("unshare")
+                    .args(flags)
+                    .arg("true")
+                    .stderr(Stdio::piped())
+                    .output()
+                {
+                    Ok(o) if o.status.success() => return Isolation::Unshare(flags),
+                    Ok(o) => {
+                        last = format!(
+                            "unshare {} failed: {}",
+                            flags.join(" "),
+                            String::from_utf8_lossy(&o.stderr).trim()
+                        )
+                    }
+                    Err(e) => last = format!("unshare cannot run: {e}"),
+                }
+            }
+            Isolation::None(last)
+        })
+        .clone()
+}
+
+/// What `CUDA_VISIBLE_DEVICES` names the `ordinal`-th GPU this process
+/// sees: the entry of the caller's own list when it has one, so that a
+/// restricted set of GPUs stays restricted.
+pub fn visible_device(ordinal: u32) -> String {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .nth(ordinal as usize)
+            .map_or_else(|| ordinal.to_string(), |d| d.trim().to_string()),
+        _ => ordinal.to_string(),
+    }
+}
+
+/// Whether `program` names an executable file, directly or on `$PATH`.
+fn on_path(program: &OsStr) -> bool {
+    let path = std::path::Path::new(program);
+    if path.components().count() > 1 {
+        return path.is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|dirs| std::env::split_paths(&dirs).any(|d| d.join(program).is_file()))
+}
+
 /// One running worker process.
 pub struct Worker {
     child: Child,
@@ -88,14 +161,30 @@ pub struct Worker {
 impl Worker {
     /// Starts a worker with interpreter `py`; with `gpu`, it sees only that GPU.
     pub fn start(py: &OsStr, gpu: Option<u32>) -> Result<Worker, WorkerError> {
-        let mut cmd = Command::new(py);
+        // Through unshare, a missing interpreter would show up only as an
+        // early exit: look for it first.
+        if !on_path(py) {
+            return Err(WorkerError::Spawn {
+                python: py.to_string_lossy().into_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
+                env: python::PYTHON_ENV,
+            });
+        }
+        let mut cmd = match network_isolation() {
+            Isolation::Unshare(flags) => {
+                let mut c = Command::new("unshare");
+                c.args(flags).arg("--").arg(py);
+                c
+            }
+            Isolation::None(_) => Command::new(py),
+        };
         cmd.args(["-u", "-c", WORKER_SCRIPT])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         if let Some(gpu) = gpu {
-            cmd.env("CUDA_VISIBLE_DEVICES", gpu.to_string());
+            cmd.env("CUDA_VISIBLE_DEVICES", visible_device(gpu));
         }
         let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
             python: py.to_string_lossy().into_owned(),
@@ -294,15 +383,15 @@ struct Reply {
     load_seconds: Option<f64>,
     #[serde(default)]
     trials_run: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_f64")]
     max_abs_err: Option<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_f64")]
     rel_to_scale: Option<f64>,
     #[serde(default)]
     first_bad_index: Option<Vec<u64>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_f64")]
     expected: Option<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_f64")]
     got: Option<f64>,
     #[serde(default)]
     runtime: Option<Timing>,
@@ -314,6 +403,28 @@ struct Reply {
     torch_ops: BTreeMap<String, u32>,
     #[serde(default)]
     replace_worker: bool,
+    #[serde(default)]
+    reference_seconds: Option<f64>,
+    #[serde(default)]
+    check_seconds: Option<f64>,
+    #[serde(default)]
+    timing_seconds: Option<f64>,
+}
+
+/// A float, or the worker's spelling of a non-finite one (`"inf"`,
+/// `"-inf"`, `"nan"`: JSON has no literal for them).
+fn lenient_f64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Float {
+        Number(f64),
+        Text(String),
+    }
+    Ok(match Option::<Float>::deserialize(d)? {
+        None => None,
+        Some(Float::Number(x)) => Some(x),
+        Some(Float::Text(t)) => Some(t.parse().map_err(serde::de::Error::custom)?),
+    })
 }
 
 impl Reply {
@@ -348,6 +459,16 @@ impl Reply {
         o.baselines = self.baselines;
         o.kernels = self.kernels;
         o.torch_ops = self.torch_ops;
+        for (phase, seconds) in [
+            ("reference", self.reference_seconds),
+            ("load", self.load_seconds),
+            ("check", self.check_seconds),
+            ("timing", self.timing_seconds),
+        ] {
+            if let Some(s) = seconds {
+                o.phases.insert(phase.to_string(), s);
+            }
+        }
         Ok(o)
     }
 }

@@ -5,6 +5,9 @@
 //! missing torch into a failure instead of a skip).
 
 use std::ffi::OsString;
+
+mod common;
+use common::torch_python;
 use std::time::Duration;
 
 use mtmc_env::evaluator::{Candidate, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings};
@@ -12,19 +15,6 @@ use mtmc_env::outcome::{Outcome, Status};
 use mtmc_env::worker::{Protocol, WorkerSlot};
 
 const CHEATS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cheats");
-
-fn torch_python() -> Option<OsString> {
-    match std::env::var_os("MTMC_TEST_PYTHON") {
-        Some(p) => Some(p),
-        None if std::env::var_os("MTMC_EXPECT_TORCH").is_some() => {
-            panic!("MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON (a Python with torch) is not")
-        }
-        None => {
-            eprintln!("skipped: set MTMC_TEST_PYTHON to a Python with torch");
-            None
-        }
-    }
-}
 
 fn file(name: &str) -> String {
     std::fs::read_to_string(format!("{CHEATS}/{name}")).unwrap()
@@ -173,4 +163,24 @@ async fn a_hanging_candidate_costs_itself_and_the_next_one_is_judged() {
     let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
     assert_eq!(o.status, Status::Correct);
     assert_eq!(ev.slot.starts, 3);
+}
+
+#[tokio::test]
+async fn a_nan_in_the_output_is_the_first_bad_element() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    let nan = Candidate::Python {
+        name: "nan.py".into(),
+        code: "import torch, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        y = torch.relu(x)\n        y[3, 5] = float('nan')\n        return y\n".into(),
+    };
+    let o = ev
+        .evaluate(&problem("problem_relu.py"), &nan)
+        .await
+        .unwrap();
+    assert_eq!(o.status, Status::Incorrect);
+    let c = o.correctness.unwrap();
+    let bad = c.first_bad.unwrap();
+    assert_eq!(bad.index, [3, 5]);
+    assert!(bad.got.is_nan());
+    assert_eq!(c.max_abs_err, Some(f64::INFINITY));
 }

@@ -121,3 +121,16 @@ async fn a_missing_interpreter_is_a_clear_error() {
     );
     assert_eq!(slot.starts, 0);
 }
+
+#[tokio::test]
+async fn workers_have_no_network_where_the_os_allows_it() {
+    let mut slot = WorkerSlot::new(None);
+    let h = hello(&mut slot).await;
+    match mtmc_env::worker::network_isolation() {
+        mtmc_env::worker::Isolation::Unshare(_) => assert_eq!(h["network"], "none", "{h}"),
+        mtmc_env::worker::Isolation::None(why) => {
+            eprintln!("not isolated here: {why}");
+            assert_eq!(h["network"], "present", "{h}");
+        }
+    }
+}

@@ -20,6 +20,16 @@ pub fn run(out: &mut dyn std::io::Write) -> Result<()> {
             Err(why) => writeln!(out, "  {:<13} no   {why}", kind.name())?,
         }
     }
+    match mtmc_env::worker::network_isolation() {
+        mtmc_env::worker::Isolation::Unshare(flags) => writeln!(
+            out,
+            "  workers run without a network (unshare {})",
+            flags.join(" ")
+        )?,
+        mtmc_env::worker::Isolation::None(why) => {
+            writeln!(out, "  workers are not cut off from the network: {why}")?
+        }
+    }
     let missing = checks.iter().filter(|c| !c.ok).count();
     if missing == 0 {
         writeln!(out, "\neverything mtmc uses is here")?;

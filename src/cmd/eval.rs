@@ -15,6 +15,7 @@ use mtmc_env::evaluator::{
 };
 use mtmc_env::nvrtc::Arch;
 use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
+use mtmc_env::pool::WorkerPool;
 use mtmc_env::worker::{Protocol, WorkerError, WorkerSlot};
 
 use crate::source::{Problems, cache_dir};
@@ -131,6 +132,22 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 limit: req.timeout,
                 prepare_limit: req.timeout.max(Duration::from_secs(900)),
             };
+            let gpus = match mtmc_env::probe::driver() {
+                Ok(d) if !req.cpu => d.gpus.len() as u32,
+                _ => 0,
+            };
+            if gpus > 1 && candidates.len() > 1 {
+                return run_on_gpus(
+                    out,
+                    &req,
+                    &runtime,
+                    &problem,
+                    candidates,
+                    gpus,
+                    &settings,
+                    graph.as_ref(),
+                );
+            }
             let mut ev = WorkerEvaluator::new(WorkerSlot::new(None), settings);
             if !req.baselines.is_empty() {
                 writeln!(
@@ -182,8 +199,58 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             )?;
         }
     }
-    if let Some(path) = req.json {
-        let text = serde_json::to_string_pretty(&outcomes).expect("outcomes serialize");
+    write_json(req.json, &outcomes)
+}
+
+/// Several GPUs: one worker each, candidates dispatched to whichever is
+/// free; outcomes printed in the candidates' order when all are done.
+#[allow(clippy::too_many_arguments)]
+fn run_on_gpus(
+    out: &mut dyn std::io::Write,
+    req: &Request<'_>,
+    runtime: &tokio::runtime::Runtime,
+    problem: &ProblemSource,
+    candidates: Vec<Candidate>,
+    gpus: u32,
+    settings: &WorkerSettings,
+    graph: Option<&OpGraph>,
+) -> Result<()> {
+    let ordinals: Vec<u32> = (0..gpus).collect();
+    let mut pool = WorkerPool::new(&ordinals, settings);
+    let names: Vec<String> = candidates.iter().map(|c| c.name().to_string()).collect();
+    writeln!(
+        out,
+        "{} candidate(s) on {gpus} GPUs, one worker each…",
+        names.len()
+    )?;
+    out.flush()?;
+    let results = runtime.block_on(pool.evaluate_all(problem, candidates));
+    let specs = builtin_devices();
+    let mut outcomes = Vec::new();
+    for (name, d) in names.iter().zip(results) {
+        let mut o = d.result.with_context(|| format!("evaluating {name}"))?;
+        if let (Some(g), Some(spec)) = (
+            graph,
+            find_device(&specs, o.device.as_deref().unwrap_or("")),
+        ) {
+            o.add_roofline(g, spec, MathMode::default());
+        }
+        writeln!(out, "[GPU {}]", d.slot)?;
+        print(out, name, &o)?;
+        outcomes.push(serde_json::json!({"candidate": name, "gpu": d.slot, "outcome": o}));
+    }
+    let starts: u32 = pool.evaluators().iter().map(|e| e.slot.starts).sum();
+    writeln!(
+        out,
+        "{} candidate(s) on {gpus} GPUs, {starts} worker start(s)",
+        outcomes.len()
+    )?;
+    write_json(req.json, &outcomes)
+}
+
+fn write_json(path: Option<&Path>, outcomes: &[serde_json::Value]) -> Result<()> {
+    if let Some(path) = path {
+        let text = serde_json::to_string_pretty(outcomes).expect("outcomes serialize");
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
@@ -292,6 +359,21 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
             a.roofline_ms
         )?;
     }
-    writeln!(out, "  wall {:.2} s", o.wall_seconds)?;
+    let phases: Vec<String> = o
+        .phases
+        .iter()
+        .filter(|(_, s)| **s >= 0.005)
+        .map(|(k, s)| format!("{k} {s:.2}"))
+        .collect();
+    if phases.is_empty() {
+        writeln!(out, "  wall {:.2} s", o.wall_seconds)?;
+    } else {
+        writeln!(
+            out,
+            "  wall {:.2} s ({})",
+            o.wall_seconds,
+            phases.join(", ")
+        )?;
+    }
     Ok(())
 }
