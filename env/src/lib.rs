@@ -5,6 +5,7 @@
 //!   compile-only evaluators; [`outcome`]: what an evaluation found;
 //! - [`bench`]: the candidates `mtmc bench-env` times;
 //! - [`pool`]: one worker per GPU, candidates dispatched concurrently;
+//! - [`reference`]: the f64 CPU reference of any output element;
 //! - [`nvrtc`]: compiling CUDA C++ with NVRTC (no GPU needed): logs,
 //!   diagnostics, per-kernel resources, occupancy;
 //! - [`probe`]: what `mtmc doctor` reports (GPU and driver, NVRTC, Python
@@ -23,5 +24,6 @@ pub mod outcome;
 pub mod pool;
 pub mod probe;
 pub mod python;
+pub mod reference;
 pub mod tracer;
 pub mod worker;

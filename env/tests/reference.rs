@@ -1,0 +1,201 @@
+//! The f64 reference against straightforward loops written here, on graphs
+//! from the intent language.
+
+use std::collections::HashMap;
+
+use mtmc_actions::intent::{Bindings, compile, parse_shapes};
+use mtmc_actions::{DType, OpGraph};
+use mtmc_env::reference::{Reference, ReferenceError, Rng, elements_to_check};
+
+fn graph(src: &str, shapes: &str) -> OpGraph {
+    let b = Bindings {
+        shapes: parse_shapes(shapes).unwrap(),
+        dtype: Some(DType::F32),
+    };
+    compile(src, &b).unwrap()
+}
+
+fn random(n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect()
+}
+
+/// Every element of the graph's first output.
+fn all(g: &OpGraph, inputs: &HashMap<String, Vec<f64>>) -> Vec<f64> {
+    let mut r = Reference::new(g, inputs).unwrap();
+    let out = g.outputs()[0];
+    (0..g.tensor(out).numel() as usize)
+        .map(|i| r.element(out, i).unwrap())
+        .collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * (1.0 + b.abs())
+}
+
+#[test]
+fn gelu_of_an_affine_map_matches_the_loops() {
+    let (m, k, n) = (5, 7, 3);
+    let g = graph("y = gelu(x @ w + b)", &format!("x={m}x{k},w={k}x{n},b={n}"));
+    let (x, w, b) = (random(m * k, 1), random(k * n, 2), random(n, 3));
+    let inputs = HashMap::from([
+        ("x".into(), x.clone()),
+        ("w".into(), w.clone()),
+        ("b".into(), b.clone()),
+    ]);
+    let got = all(&g, &inputs);
+    for i in 0..m {
+        for j in 0..n {
+            let z: f64 = (0..k).map(|p| x[i * k + p] * w[p * n + j]).sum::<f64>() + b[j];
+            let want = 0.5 * z * (1.0 + libm::erf(z / 2f64.sqrt()));
+            assert!(
+                close(got[i * n + j], want),
+                "({i},{j}): {} vs {want}",
+                got[i * n + j]
+            );
+        }
+    }
+}
+
+#[test]
+fn a_transposed_operand_and_log_softmax_match_the_loops() {
+    let g = graph(
+        "a: [m=4, k=6]; b: [n=5, k]; c = a @ b.T; d = log_softmax(c, dim=n)",
+        "",
+    );
+    let (a, b) = (random(24, 4), random(30, 5));
+    let inputs = HashMap::from([("a".into(), a.clone()), ("b".into(), b.clone())]);
+    let got = all(&g, &inputs);
+    for i in 0..4 {
+        let c: Vec<f64> = (0..5)
+            .map(|j| (0..6).map(|p| a[i * 6 + p] * b[j * 6 + p]).sum())
+            .collect();
+        let lse = c.iter().map(|v| v.exp()).sum::<f64>().ln();
+        for j in 0..5 {
+            assert!(close(got[i * 5 + j], c[j] - lse));
+        }
+    }
+}
+
+#[test]
+fn layer_norm_gives_rows_of_zero_mean_and_unit_variance() {
+    let g = graph("y = layer_norm(x, dim=-1, eps=0.0)", "x=3x8");
+    let x = random(24, 6);
+    let got = all(&g, &HashMap::from([("x".into(), x)]));
+    for row in got.chunks(8) {
+        let mean = row.iter().sum::<f64>() / 8.0;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / 8.0;
+        assert!(
+            mean.abs() < 1e-12 && (var - 1.0).abs() < 1e-9,
+            "{mean} {var}"
+        );
+    }
+}
+
+#[test]
+fn reductions_and_scans_match_the_loops() {
+    let x: Vec<f64> = vec![3.0, -1.0, 4.0, 1.0, -5.0, 9.0];
+    let inputs = HashMap::from([("x".to_string(), x)]);
+    let cases = [
+        ("y = sum(x, dim=1)", vec![6.0, 5.0]),
+        ("y = mean(x, dim=0, keepdim=true)", vec![2.0, -3.0, 6.5]),
+        ("y = max(x, dim=1)", vec![4.0, 9.0]),
+        ("y = argmax(x, dim=1)", vec![2.0, 2.0]),
+        ("y = argmin(x, dim=0)", vec![1.0, 1.0, 0.0]),
+        ("y = prod(x, dim=1)", vec![-12.0, -45.0]),
+        ("y = cumsum(x, dim=1)", vec![3.0, 2.0, 6.0, 1.0, -4.0, 5.0]),
+        (
+            "y = cumsum(x, dim=1, reverse=true)",
+            vec![6.0, 3.0, 4.0, 5.0, 4.0, 9.0],
+        ),
+        (
+            "y = cumsum(x, dim=1, exclusive=true)",
+            vec![0.0, 3.0, 2.0, 0.0, 1.0, -4.0],
+        ),
+        (
+            "y = cumprod(x, dim=0)",
+            vec![3.0, -1.0, 4.0, 3.0, 5.0, 36.0],
+        ),
+    ];
+    for (src, want) in cases {
+        let g = graph(src, "x=2x3");
+        assert_eq!(all(&g, &inputs), want, "{src}");
+    }
+}
+
+#[test]
+fn norms_and_logsumexp() {
+    let x: Vec<f64> = vec![3.0, 4.0, 0.0, 0.0];
+    let inputs = HashMap::from([("x".to_string(), x)]);
+    assert_eq!(
+        all(&graph("y = norm(x, dim=1)", "x=2x2"), &inputs),
+        [5.0, 0.0]
+    );
+    let lse = all(&graph("y = logsumexp(x, dim=1)", "x=2x2"), &inputs);
+    assert!(close(lse[0], (3f64.exp() + 4f64.exp()).ln()));
+    assert!(close(lse[1], 2f64.ln()));
+}
+
+#[test]
+fn broadcasting_reads_the_right_elements() {
+    let g = graph("y = x * s - c", "x=2x3,s=3,c=2x1");
+    let inputs = HashMap::from([
+        ("x".to_string(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        ("s".to_string(), vec![10.0, 100.0, 1000.0]),
+        ("c".to_string(), vec![1.0, 2.0]),
+    ]);
+    assert_eq!(all(&g, &inputs), [9.0, 199.0, 2999.0, 38.0, 498.0, 5998.0]);
+}
+
+#[test]
+fn missing_inputs_and_unknown_ops_are_named() {
+    let g = graph("y = relu(x)", "x=4");
+    assert_eq!(
+        Reference::new(&g, &HashMap::new()).err(),
+        Some(ReferenceError::MissingInput("x".into()))
+    );
+    assert_eq!(
+        Reference::new(&g, &HashMap::from([("x".into(), vec![1.0])])).err(),
+        Some(ReferenceError::InputSize {
+            name: "x".into(),
+            got: 1,
+            want: 4
+        })
+    );
+    let mut g = graph("y = relu(x)", "x=4");
+    let out = g.outputs()[0];
+    let opaque = g
+        .add(
+            "conv",
+            mtmc_actions::op::Op::Opaque {
+                target: "conv_tbc".into(),
+                reason: "unknown".into(),
+            },
+            &[out],
+            vec![g.tensor(out).clone()],
+        )
+        .unwrap();
+    g.set_outputs(vec![mtmc_actions::graph::TensorRef::first(opaque)]);
+    let mut r = Reference::new(&g, &HashMap::from([("x".into(), vec![1.0; 4])])).unwrap();
+    let e = r.element(g.outputs()[0], 0).unwrap_err();
+    assert!(
+        e.to_string().contains("node `conv`") && e.to_string().contains("worker"),
+        "{e}"
+    );
+}
+
+#[test]
+fn small_outputs_are_checked_whole_and_large_ones_sampled_with_their_edges() {
+    let mut rng = Rng::new(7);
+    assert_eq!(
+        elements_to_check(&[10, 10], 4096, 4096, &mut rng).len(),
+        100
+    );
+    let picked = elements_to_check(&[2048, 2048], 4096, 4096, &mut rng);
+    assert!(picked.len() >= 4096, "{}", picked.len());
+    let n = 2048 * 2048;
+    for edge in [0, 2047, 2048 * 2047, n - 1, 2048 * 1024, 2048 * 1024 + 2047] {
+        assert!(picked.binary_search(&edge).is_ok(), "edge {edge} missing");
+    }
+    assert!(picked.windows(2).all(|w| w[0] < w[1]));
+}
