@@ -1,5 +1,6 @@
 //! CPU hot paths of the problem side: importing traces into op graphs,
-//! costing them, and compiling intent programs. Prints figures; run with
+//! costing them, compiling intent programs, and the f64 reference's check
+//! of one native-evaluator trial. Prints figures; run with
 //! `cargo bench --bench graphs`.
 
 use std::hint::black_box;
@@ -64,6 +65,7 @@ fn main() {
     let intent = measure(|| {
         black_box(compile("y = gelu(x @ w + b)\nz = softmax(y, dim=-1)", &bindings).unwrap());
     });
+    let reference = reference_check();
     let n = lines.len() as u32;
     println!("{:<40} {:>12} {:>12}", "benchmark", "total", "per problem");
     for (name, d) in [
@@ -74,4 +76,38 @@ fn main() {
         println!("{name:<40} {:>12.3?} {:>12.3?}", d, d / n);
     }
     println!("{:<40} {:>12.3?}", "compile a 2-statement intent", intent);
+    println!(
+        "{:<40} {:>12.3?}",
+        "f64 check of gelu(x@w+b), 1024^3", reference
+    );
+}
+
+/// One trial's check by the native evaluator: the edge and 4096 sampled
+/// elements of y = gelu(x @ w + b) with 1024x1024 operands, in f64.
+fn reference_check() -> Duration {
+    use mtmc_env::reference::{Reference, Rng, elements_to_check};
+    use std::collections::HashMap;
+    let bindings = Bindings {
+        shapes: parse_shapes("x=1024x1024,w=1024x1024,b=1024").unwrap(),
+        dtype: None,
+    };
+    let g = compile("y = gelu(x @ w + b)", &bindings).unwrap();
+    let mut rng = Rng::new(1);
+    let inputs: HashMap<String, Vec<f64>> = [("x", 1 << 20), ("w", 1 << 20), ("b", 1 << 10)]
+        .into_iter()
+        .map(|(n, len)| {
+            (
+                n.to_string(),
+                (0..len).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+            )
+        })
+        .collect();
+    let out = g.outputs()[0];
+    let picked = elements_to_check(&[1024, 1024], 1 << 16, 4096, &mut rng);
+    measure(|| {
+        let mut r = Reference::new(&g, &inputs).unwrap();
+        for &i in &picked {
+            black_box(r.element(out, i).unwrap());
+        }
+    })
 }

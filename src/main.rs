@@ -72,9 +72,24 @@ enum Command {
     /// Without one: compile the candidates' CUDA with NVRTC, run nothing.
     Eval {
         /// A problem: `L1/19`, `L1/19_ReLU` or a file name.
-        problem: String,
-        /// A candidate's Python file, defining `ModelNew`; repeat to
-        /// evaluate several in order with one worker.
+        #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
+        problem: Option<String>,
+        /// An intent program instead of a problem (its candidates are CUDA
+        /// programs, checked against the f64 reference).
+        #[arg(long, conflicts_with = "intent_file")]
+        intent: Option<String>,
+        /// A file holding an intent program.
+        #[arg(long, value_name = "FILE")]
+        intent_file: Option<PathBuf>,
+        /// Shapes of undeclared intent inputs: x=4096x4096,w=4096x4096,b=4096.
+        #[arg(long, value_name = "NAME=DIMS,...")]
+        shape: Option<String>,
+        /// Element type of undeclared intent inputs.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// A candidate: a Python file defining `ModelNew`, or a CUDA program
+        /// (`.json`: source or source_file, buffers, launches); repeat to
+        /// evaluate several in order.
         #[arg(long = "candidate", value_name = "FILE", required = true)]
         candidates: Vec<PathBuf>,
         /// Which evaluator.
@@ -130,6 +145,50 @@ enum Command {
     },
     /// Check the GPU and driver, NVRTC, and Python with torch, triton and cupy.
     Doctor,
+    /// The native evaluator's child process (JSON lines on stdin/stdout);
+    /// started by `mtmc eval`, not by hand.
+    #[command(hide = true, name = "native-worker")]
+    NativeWorker,
+}
+
+/// A problem by name, or an intent from flags or a file.
+fn subject<'a>(
+    kb: Option<&'a std::path::Path>,
+    problem: Option<&'a str>,
+    intent: Option<String>,
+    intent_file: Option<PathBuf>,
+    shape: Option<String>,
+    dtype: &str,
+) -> Result<cmd::show::Subject<'a>> {
+    if let Some(name) = problem {
+        return Ok(cmd::show::Subject::Problem {
+            kernelbench: kb,
+            name,
+        });
+    }
+    let (text, origin) = match (intent, intent_file) {
+        (Some(t), _) => (t, "--intent".to_string()),
+        (None, Some(f)) => (
+            std::fs::read_to_string(&f)
+                .with_context(|| format!("cannot read intent file `{}`", f.display()))?,
+            format!("{}", f.display()),
+        ),
+        (None, None) => unreachable!("clap requires a problem or an intent"),
+    };
+    let shapes = match shape {
+        Some(s) => mtmc_actions::intent::parse_shapes(&s)?,
+        None => Default::default(),
+    };
+    let dtype = mtmc_actions::DType::parse(dtype)
+        .with_context(|| format!("--dtype `{dtype}` is not a type (use f16, bf16, f32 or f64)"))?;
+    Ok(cmd::show::Subject::Intent {
+        text,
+        origin,
+        bindings: mtmc_actions::intent::Bindings {
+            shapes,
+            dtype: Some(dtype),
+        },
+    })
 }
 
 fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
@@ -144,44 +203,16 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             dtype,
             device,
         } => {
-            let subject = match (problem.as_deref(), intent, intent_file) {
-                (Some(name), _, _) => cmd::show::Subject::Problem {
-                    kernelbench: kb,
-                    name,
-                },
-                (None, text, file) => {
-                    let (text, origin) = match (text, file) {
-                        (Some(t), _) => (t, "--intent".to_string()),
-                        (None, Some(f)) => (
-                            std::fs::read_to_string(&f).with_context(|| {
-                                format!("cannot read intent file `{}`", f.display())
-                            })?,
-                            format!("{}", f.display()),
-                        ),
-                        (None, None) => unreachable!("clap requires a problem or an intent"),
-                    };
-                    let shapes = match shape {
-                        Some(s) => mtmc_actions::intent::parse_shapes(&s)?,
-                        None => Default::default(),
-                    };
-                    let dtype = mtmc_actions::DType::parse(&dtype).with_context(|| {
-                        format!("--dtype `{dtype}` is not a type (use f16, bf16, f32 or f64)")
-                    })?;
-                    cmd::show::Subject::Intent {
-                        text,
-                        origin,
-                        bindings: mtmc_actions::intent::Bindings {
-                            shapes,
-                            dtype: Some(dtype),
-                        },
-                    }
-                }
-            };
+            let subject = subject(kb, problem.as_deref(), intent, intent_file, shape, &dtype)?;
             cmd::show::run(out, subject, device.as_deref())
         }
         Command::Compile { file, block } => cmd::compile::run(out, &file, block),
         Command::Eval {
             problem,
+            intent,
+            intent_file,
+            shape,
+            dtype,
             candidates,
             evaluator,
             trials,
@@ -205,8 +236,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             cmd::eval::run(
                 out,
                 cmd::eval::Request {
-                    kernelbench: kb,
-                    problem: &problem,
+                    subject: subject(kb, problem.as_deref(), intent, intent_file, shape, &dtype)?,
                     candidates: &candidates,
                     evaluator,
                     trials,
@@ -238,6 +268,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             },
         ),
         Command::Doctor => cmd::doctor::run(out),
+        Command::NativeWorker => Ok(mtmc_env::native::serve()?),
     }
 }
 

@@ -263,7 +263,15 @@ fn help_lists_only_working_commands() {
         .collect();
     assert_eq!(
         commands,
-        ["problems", "show", "compile", "eval", "doctor", "help"]
+        [
+            "problems",
+            "show",
+            "compile",
+            "eval",
+            "bench-env",
+            "doctor",
+            "help"
+        ]
     );
 }
 
@@ -363,7 +371,15 @@ fn eval_needs_the_problem_code() {
     let dir = tempfile::tempdir().unwrap();
     let cand = dir.path().join("c.py");
     std::fs::write(&cand, "class ModelNew: pass\n").unwrap();
-    let out = mtmc(&["eval", "L1/19", "--candidate", cand.to_str().unwrap()]).failure();
+    let out = mtmc(&[
+        "eval",
+        "L1/19",
+        "--evaluator",
+        "worker",
+        "--candidate",
+        cand.to_str().unwrap(),
+    ])
+    .failure();
     assert!(
         out.error.contains("needs L1/19_ReLU's code") && out.error.contains("--kernelbench"),
         "{}",
@@ -507,4 +523,64 @@ fn eval_on_the_cpu_judges_candidates_and_keeps_going_after_a_cheat() {
         .unwrap()
         .collect();
     assert_eq!(cached.len(), 1);
+}
+
+#[test]
+fn eval_of_an_intent_takes_cuda_programs_and_checks_their_plan() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let programs = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/programs");
+    let out = mtmc(&[
+        "eval",
+        "--intent",
+        "y = relu(x)",
+        "--shape",
+        "x=4194304",
+        "--evaluator",
+        "compile-only",
+        "--candidate",
+        &format!("{programs}/relu.json"),
+        "--candidate",
+        &format!("{programs}/linear_gelu.json"),
+    ])
+    .success();
+    let s = &out.stdout;
+    assert!(
+        s.starts_with("relu.json: compiled_only (compile-only)\n"),
+        "{s}"
+    );
+    assert!(
+        s.contains("kernel relu (nvrtc): 10 registers, 0 B shared, 0 B local, occupancy 100% at 256 threads"),
+        "{s}"
+    );
+    assert!(
+        s.contains("linear_gelu.json: compile_error (compile-only)\n  error: the launch plan does not fit the problem: buffer `w` holds input `w`, which the graph does not have (it has: x)"),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_python_candidate_for_an_intent_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cand = dir.path().join("c.py");
+    std::fs::write(&cand, "class ModelNew: pass\n").unwrap();
+    let out = mtmc(&[
+        "eval",
+        "--intent",
+        "y = relu(x)",
+        "--shape",
+        "x=16",
+        "--evaluator",
+        "native",
+        "--candidate",
+        cand.to_str().unwrap(),
+    ])
+    .failure();
+    assert!(
+        out.error
+            .contains("c.py is Python: the native evaluator runs CUDA programs"),
+        "{}",
+        out.error
+    );
 }

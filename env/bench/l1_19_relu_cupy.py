@@ -1,5 +1,5 @@
 # Benchmark candidate, L1/19_ReLU, fast path: one grid-stride kernel
-# compiled with NVRTC through cupy (each copy differs in its MTMC_NONCE
+# compiled with NVRTC through cupy (each copy differs in its nonce
 # comment, so every copy is compiled for real).
 import cupy as cp
 import torch

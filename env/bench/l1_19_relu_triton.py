@@ -1,5 +1,5 @@
 # Benchmark candidate, L1/19_ReLU, Triton: compiled by Triton on first call
-# (each copy differs in its MTMC_NONCE comment, so every copy compiles).
+# (each copy differs in its nonce comment, so every copy compiles).
 import torch
 import torch.nn as nn
 import triton

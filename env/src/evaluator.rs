@@ -3,6 +3,9 @@
 //!
 //! - [`WorkerEvaluator`]: the Python worker runs the KernelBench protocol
 //!   against the problem's PyTorch model (CUDA through cupy/NVRTC, Triton).
+//! - [`NativeEvaluator`]: CUDA programs with a launch plan, through cudarc
+//!   in a child process, against the f64 CPU reference (intents, and
+//!   KernelBench problems whose graph it can compute).
 //! - [`CompileOnly`]: for machines without a GPU: every CUDA source of the
 //!   candidate is compiled with NVRTC and its kernels' resources are read;
 //!   the outcome says that nothing was run.
@@ -13,7 +16,8 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::nvrtc::{self, Arch, CompileUnit, NvrtcError, SmLimits};
+use crate::native::{CudaProgram, GraphSource, NativeEvaluator};
+use crate::nvrtc::{self, Arch, CompileUnit, KernelResources, NvrtcError, SmLimits};
 use crate::outcome::{EvaluatorKind, KernelReport, Outcome, Status};
 use crate::worker::{self, Protocol, WorkerError, WorkerSlot};
 
@@ -22,8 +26,12 @@ use crate::worker::{self, Protocol, WorkerError, WorkerSlot};
 pub struct ProblemSource {
     /// File name, for messages (`19_ReLU.py`).
     pub name: String,
-    /// The PyTorch program defining `Model`, `get_inputs`, `get_init_inputs`.
+    /// The PyTorch program defining `Model`, `get_inputs`, `get_init_inputs`
+    /// (empty for an intent).
     pub code: String,
+    /// Where its op graph comes from, for the native evaluator's f64
+    /// reference.
+    pub graph: Option<GraphSource>,
 }
 
 /// What is evaluated.
@@ -37,13 +45,20 @@ pub enum Candidate {
         /// Source.
         code: String,
     },
+    /// CUDA kernels with their launch plan (the native evaluator).
+    Cuda {
+        /// File name.
+        name: String,
+        /// The program.
+        program: CudaProgram,
+    },
 }
 
 impl Candidate {
     /// The candidate's name.
     pub fn name(&self) -> &str {
         match self {
-            Candidate::Python { name, .. } => name,
+            Candidate::Python { name, .. } | Candidate::Cuda { name, .. } => name,
         }
     }
 }
@@ -58,6 +73,9 @@ pub enum EvalError {
     /// NVRTC could not be used.
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
+    /// This evaluator cannot judge this kind of candidate or problem.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// One way of judging candidates.
@@ -175,7 +193,18 @@ impl Evaluator for WorkerEvaluator {
         problem: &ProblemSource,
         candidate: &Candidate,
     ) -> Result<Outcome, EvalError> {
-        let Candidate::Python { name, code } = candidate;
+        let Candidate::Python { name, code } = candidate else {
+            return Err(EvalError::Unsupported(format!(
+                "the worker runs Python candidates; {} is a CUDA program (use the native evaluator)",
+                candidate.name()
+            )));
+        };
+        if problem.code.is_empty() {
+            return Err(EvalError::Unsupported(format!(
+                "the worker needs the problem's PyTorch code, and {} has none (an intent): use a CUDA program and the native evaluator",
+                problem.name
+            )));
+        }
         // A fresh worker has no reference side: build it under the prepare
         // limit, not the candidate's.
         if self.prepared.as_deref() != Some(problem.code.as_str()) || self.slot.is_idle() {
@@ -286,6 +315,7 @@ impl CompileOnly {
                     local_bytes: Some(k.stack_bytes),
                     spills: Some(k.spill_store_bytes + k.spill_load_bytes),
                     occupancy: Some(nvrtc::occupancy(k, 256, 0, SmLimits::SM90)),
+                    block_threads: Some(256),
                 }));
         }
         outcome.load_seconds = Some(started.elapsed().as_secs_f64());
@@ -310,10 +340,32 @@ impl Evaluator for CompileOnly {
 
     async fn evaluate(
         &mut self,
-        _problem: &ProblemSource,
+        problem: &ProblemSource,
         candidate: &Candidate,
     ) -> Result<Outcome, EvalError> {
-        let Candidate::Python { name, code } = candidate;
+        let (name, code) = match candidate {
+            Candidate::Python { name, code } => (name, code),
+            Candidate::Cuda { name, program } => {
+                if let Some(source) = &problem.graph {
+                    let graph = source.graph().map_err(EvalError::Unsupported)?;
+                    if let Err(e) = program.check(&graph) {
+                        let mut o = Outcome::new(EvaluatorKind::CompileOnly, Status::CompileError);
+                        o.error = Some(format!("the launch plan does not fit the problem: {e}"));
+                        return Ok(o);
+                    }
+                }
+                let mut outcome =
+                    self.compile_sources(&[(name.clone(), program.source.clone())])?;
+                for k in &mut outcome.kernels {
+                    if let Some(block) = program.block_threads(&k.name) {
+                        k.occupancy =
+                            Some(block_occupancy(k, block, program.dynamic_shared(&k.name)));
+                        k.block_threads = Some(block);
+                    }
+                }
+                return Ok(outcome);
+            }
+        };
         let sources: Vec<(String, String)> = cuda_sources(code)
             .into_iter()
             .enumerate()
@@ -327,6 +379,44 @@ impl Evaluator for CompileOnly {
             ));
         }
         Ok(outcome)
+    }
+}
+
+/// Occupancy from a report's figures (registers, shared memory) at `block`
+/// threads.
+fn block_occupancy(k: &KernelReport, block: u32, dynamic_shared: u32) -> f64 {
+    let r = KernelResources {
+        name: k.name.clone(),
+        registers: k.registers.unwrap_or(0),
+        shared_bytes: k.shared_bytes.unwrap_or(0),
+        ..KernelResources::default()
+    };
+    nvrtc::occupancy(&r, block, dynamic_shared, SmLimits::SM90)
+}
+
+impl Evaluator for NativeEvaluator {
+    fn kind(&self) -> EvaluatorKind {
+        EvaluatorKind::Native
+    }
+
+    async fn evaluate(
+        &mut self,
+        problem: &ProblemSource,
+        candidate: &Candidate,
+    ) -> Result<Outcome, EvalError> {
+        let Candidate::Cuda { program, .. } = candidate else {
+            return Err(EvalError::Unsupported(format!(
+                "the native evaluator runs CUDA programs (JSON with a launch plan); {} is Python (use the worker)",
+                candidate.name()
+            )));
+        };
+        let graph = problem.graph.as_ref().ok_or_else(|| {
+            EvalError::Unsupported(format!(
+                "{} has no op graph for the f64 reference",
+                problem.name
+            ))
+        })?;
+        self.evaluate_program(graph, program).await
     }
 }
 
@@ -349,6 +439,14 @@ pub fn available(checks: &[crate::probe::Check]) -> Vec<(EvaluatorKind, Result<S
                 (true, false) => {
                     Err("needs torch that sees the GPU in the worker's Python (MTMC_PYTHON)".into())
                 }
+            },
+        ),
+        (
+            EvaluatorKind::Native,
+            if ok("GPU") && ok("NVRTC") {
+                Ok("cudarc: CUDA programs with a launch plan, checked against the f64 CPU reference".into())
+            } else {
+                Err("needs a GPU and NVRTC".into())
             },
         ),
         (

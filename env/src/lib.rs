@@ -5,6 +5,8 @@
 //!   compile-only evaluators; [`outcome`]: what an evaluation found;
 //! - [`bench`]: the candidates `mtmc bench-env` times;
 //! - [`pool`]: one worker per GPU, candidates dispatched concurrently;
+//! - [`native`]: CUDA programs with a launch plan, run through cudarc in a
+//!   child process and checked against the f64 reference;
 //! - [`reference`]: the f64 CPU reference of any output element;
 //! - [`nvrtc`]: compiling CUDA C++ with NVRTC (no GPU needed): logs,
 //!   diagnostics, per-kernel resources, occupancy;
@@ -19,6 +21,7 @@
 
 pub mod bench;
 pub mod evaluator;
+pub mod native;
 pub mod nvrtc;
 pub mod outcome;
 pub mod pool;

@@ -126,10 +126,18 @@ pub struct Correctness {
     /// Trials run (each with fresh inputs).
     pub trials: u32,
     /// Largest absolute error.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "float::option"
+    )]
     pub max_abs_err: Option<f64>,
     /// Largest absolute error over the largest reference magnitude.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "float::option"
+    )]
     pub rel_to_scale: Option<f64>,
     /// First element outside tolerance: its index, expected and got.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -146,9 +154,61 @@ pub struct BadElement {
     /// Its index, one entry per dimension.
     pub index: Vec<u64>,
     /// The reference's value.
+    #[serde(with = "float")]
     pub expected: f64,
     /// The candidate's value.
+    #[serde(with = "float")]
     pub got: f64,
+}
+
+/// JSON has no NaN or infinities, and a wrong output is full of them:
+/// non-finite floats are written as the strings `NaN`, `inf`, `-inf`.
+mod float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() {
+            s.serialize_f64(*x)
+        } else {
+            s.serialize_str(&x.to_string())
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Float {
+        Number(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Float::deserialize(d)? {
+            Float::Number(x) => Ok(x),
+            Float::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+
+    /// The same for optional floats.
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+            match x {
+                Some(x) => super::serialize(x, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+            match Option::<super::Float>::deserialize(d)? {
+                None => Ok(None),
+                Some(super::Float::Number(x)) => Ok(Some(x)),
+                Some(super::Float::Text(t)) => {
+                    t.parse().map(Some).map_err(serde::de::Error::custom)
+                }
+            }
+        }
+    }
 }
 
 /// One kernel's resources, from ptxas or the kernel object.
@@ -173,6 +233,9 @@ pub struct KernelReport {
     /// Theoretical occupancy at the launch's block size, 0–1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub occupancy: Option<f64>,
+    /// The block size (threads) the occupancy is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_threads: Option<u32>,
 }
 
 /// Achieved rates against the device's roofline.
@@ -284,5 +347,34 @@ impl Outcome {
             roofline_fraction: roof.time_s / seconds,
             device: device.name.clone(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_figures_survive_json() {
+        let mut o = Outcome::new(EvaluatorKind::Native, Status::Incorrect);
+        o.correctness = Some(Correctness {
+            trials: 1,
+            max_abs_err: Some(f64::INFINITY),
+            rel_to_scale: Some(f64::NAN),
+            first_bad: Some(BadElement {
+                index: vec![3, 5],
+                expected: 0.25,
+                got: f64::NAN,
+            }),
+            elements_checked: Some(10),
+        });
+        let text = serde_json::to_string(&o).unwrap();
+        assert!(text.contains(r#""got":"NaN""#), "{text}");
+        let back: Outcome = serde_json::from_str(&text).unwrap();
+        let c = back.correctness.unwrap();
+        assert_eq!(c.max_abs_err, Some(f64::INFINITY));
+        assert!(c.rel_to_scale.unwrap().is_nan());
+        let bad = c.first_bad.unwrap();
+        assert_eq!((bad.expected, bad.got.is_nan()), (0.25, true));
     }
 }

@@ -45,10 +45,35 @@ pub enum ReferenceError {
     },
 }
 
+/// An input's values, borrowed: f64, or f32 as the GPU saw them.
+#[derive(Clone, Copy, Debug)]
+pub enum Values<'a> {
+    /// Double precision.
+    F64(&'a [f64]),
+    /// Single precision, widened when read.
+    F32(&'a [f32]),
+}
+
+impl Values<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Values::F64(v) => v.len(),
+            Values::F32(v) => v.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> f64 {
+        match self {
+            Values::F64(v) => v[i],
+            Values::F32(v) => f64::from(v[i]),
+        }
+    }
+}
+
 /// Evaluates elements of a graph in f64.
 pub struct Reference<'g> {
     g: &'g OpGraph,
-    values: HashMap<NodeId, Vec<f64>>,
+    values: HashMap<NodeId, Values<'g>>,
     memo: HashMap<(TensorRef, usize), f64>,
     rows: HashMap<(TensorRef, usize), (f64, f64)>,
     lines: HashMap<(TensorRef, usize), Vec<f64>>,
@@ -89,7 +114,19 @@ impl<'g> Reference<'g> {
     /// by node name, row-major.
     pub fn new(
         g: &'g OpGraph,
-        inputs: &HashMap<String, Vec<f64>>,
+        inputs: &'g HashMap<String, Vec<f64>>,
+    ) -> Result<Reference<'g>, ReferenceError> {
+        let borrowed: HashMap<String, Values<'g>> = inputs
+            .iter()
+            .map(|(k, v)| (k.clone(), Values::F64(v)))
+            .collect();
+        Reference::with_values(g, &borrowed)
+    }
+
+    /// A reference over borrowed values, f64 or f32.
+    pub fn with_values(
+        g: &'g OpGraph,
+        inputs: &HashMap<String, Values<'g>>,
     ) -> Result<Reference<'g>, ReferenceError> {
         let mut values = HashMap::new();
         for (id, node) in g.nodes() {
@@ -109,7 +146,7 @@ impl<'g> Reference<'g> {
                     want,
                 });
             }
-            values.insert(id, v.clone());
+            values.insert(id, *v);
         }
         Ok(Reference {
             g,
@@ -123,7 +160,7 @@ impl<'g> Reference<'g> {
     /// Element `flat` (row-major) of tensor `t`.
     pub fn element(&mut self, t: TensorRef, flat: usize) -> Result<f64, ReferenceError> {
         if let Some(v) = self.values.get(&t.node) {
-            return Ok(v[flat]);
+            return Ok(v.get(flat));
         }
         if let Some(&v) = self.memo.get(&(t, flat)) {
             return Ok(v);
@@ -245,24 +282,40 @@ impl<'g> Reference<'g> {
             }
         }
         let (la, lb) = (a_idx.len(), b_idx.len());
+        // Offsets of A(i, 0) and B(0, j), and the step along k of each.
+        if m.trans_a {
+            a_idx[la - 2] = 0;
+            a_idx[la - 1] = i;
+        } else {
+            a_idx[la - 2] = i;
+            a_idx[la - 1] = 0;
+        }
+        if m.trans_b {
+            b_idx[lb - 2] = j;
+            b_idx[lb - 1] = 0;
+        } else {
+            b_idx[lb - 2] = 0;
+            b_idx[lb - 1] = j;
+        }
+        let (a0, b0) = (ravel(&a_idx, &sa), ravel(&b_idx, &sb));
+        let a_step = if m.trans_a { sa[sa.len() - 1] } else { 1 };
+        let b_step = if m.trans_b { 1 } else { sb[sb.len() - 1] };
         let mut sum = 0.0;
+        // Inputs are read straight from their values; computed operands
+        // through `element` (memoized).
+        let (va, vb) = (
+            self.values.get(&ins[0].node).copied(),
+            self.values.get(&ins[1].node).copied(),
+        );
         for k in 0..k_len {
-            if m.trans_a {
-                a_idx[la - 2] = k;
-                a_idx[la - 1] = i;
-            } else {
-                a_idx[la - 2] = i;
-                a_idx[la - 1] = k;
-            }
-            if m.trans_b {
-                b_idx[lb - 2] = j;
-                b_idx[lb - 1] = k;
-            } else {
-                b_idx[lb - 2] = k;
-                b_idx[lb - 1] = j;
-            }
-            let a = self.element(ins[0], ravel(&a_idx, &sa))?;
-            let b = self.element(ins[1], ravel(&b_idx, &sb))?;
+            let a = match va {
+                Some(v) => v.get(a0 + k * a_step),
+                None => self.element(ins[0], a0 + k * a_step)?,
+            };
+            let b = match vb {
+                Some(v) => v.get(b0 + k * b_step),
+                None => self.element(ins[1], b0 + k * b_step)?,
+            };
             sum += a * b;
         }
         if m.bias {

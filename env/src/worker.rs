@@ -31,15 +31,15 @@ const STDERR_TAIL: usize = 20;
 /// Why a request got no reply.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    /// The interpreter could not be started.
-    #[error("{python} could not be started ({source}); set {env} to a Python with torch")]
+    /// The worker program could not be started.
+    #[error("{program} could not be started ({source}); {hint}")]
     Spawn {
-        /// The interpreter tried.
-        python: String,
+        /// The program tried.
+        program: String,
         /// The OS error.
         source: std::io::Error,
-        /// The variable that selects the interpreter.
-        env: &'static str,
+        /// What to do about it.
+        hint: String,
     },
     /// No reply within the limit; the worker was killed.
     #[error("no reply within {0:?}; the worker was stopped")]
@@ -159,26 +159,30 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts a worker with interpreter `py`; with `gpu`, it sees only that GPU.
-    pub fn start(py: &OsStr, gpu: Option<u32>) -> Result<Worker, WorkerError> {
-        // Through unshare, a missing interpreter would show up only as an
-        // early exit: look for it first.
-        if !on_path(py) {
-            return Err(WorkerError::Spawn {
-                python: py.to_string_lossy().into_owned(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
-                env: python::PYTHON_ENV,
-            });
+    /// Starts a worker process; with `gpu`, it sees only that GPU.
+    pub fn start(launcher: &Launcher, gpu: Option<u32>) -> Result<Worker, WorkerError> {
+        let spawn_error = |source| WorkerError::Spawn {
+            program: launcher.program.to_string_lossy().into_owned(),
+            source,
+            hint: launcher.hint.clone(),
+        };
+        // Through unshare, a missing program would show up only as an early
+        // exit: look for it first.
+        if !on_path(&launcher.program) {
+            return Err(spawn_error(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not found",
+            )));
         }
         let mut cmd = match network_isolation() {
             Isolation::Unshare(flags) => {
                 let mut c = Command::new("unshare");
-                c.args(flags).arg("--").arg(py);
+                c.args(flags).arg("--").arg(&launcher.program);
                 c
             }
-            Isolation::None(_) => Command::new(py),
+            Isolation::None(_) => Command::new(&launcher.program),
         };
-        cmd.args(["-u", "-c", WORKER_SCRIPT])
+        cmd.args(&launcher.args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -186,11 +190,7 @@ impl Worker {
         if let Some(gpu) = gpu {
             cmd.env("CUDA_VISIBLE_DEVICES", visible_device(gpu));
         }
-        let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
-            python: py.to_string_lossy().into_owned(),
-            source,
-            env: python::PYTHON_ENV,
-        })?;
+        let mut child = cmd.spawn().map_err(spawn_error)?;
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
@@ -286,9 +286,41 @@ impl Worker {
     }
 }
 
+/// How to start a worker process.
+#[derive(Clone, Debug)]
+pub struct Launcher {
+    /// The program.
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// What to do when it cannot be started.
+    pub hint: String,
+}
+
+impl Launcher {
+    /// The Python worker (`worker.py`, shipped inside the binary) run by
+    /// `python`.
+    pub fn python(python: OsString) -> Launcher {
+        Launcher {
+            program: python,
+            args: ["-u", "-c", WORKER_SCRIPT].map(OsString::from).to_vec(),
+            hint: format!("set {} to a Python with torch", python::PYTHON_ENV),
+        }
+    }
+
+    /// Any program that speaks the same JSON lines (the native runner).
+    pub fn program(program: OsString, args: Vec<OsString>, hint: &str) -> Launcher {
+        Launcher {
+            program,
+            args,
+            hint: hint.to_string(),
+        }
+    }
+}
+
 /// A worker that is started on first use and replaced after it is lost.
 pub struct WorkerSlot {
-    python: OsString,
+    launcher: Launcher,
     gpu: Option<u32>,
     worker: Option<Worker>,
     /// How many workers this slot has started.
@@ -303,8 +335,13 @@ impl WorkerSlot {
 
     /// A slot whose workers run with the interpreter `python`.
     pub fn with_interpreter(python: OsString, gpu: Option<u32>) -> WorkerSlot {
+        WorkerSlot::with_launcher(Launcher::python(python), gpu)
+    }
+
+    /// A slot whose workers `launcher` starts.
+    pub fn with_launcher(launcher: Launcher, gpu: Option<u32>) -> WorkerSlot {
         WorkerSlot {
-            python,
+            launcher,
             gpu,
             worker: None,
             starts: 0,
@@ -326,7 +363,7 @@ impl WorkerSlot {
     /// call starts a new one.
     pub async fn request(&mut self, request: Value, limit: Duration) -> Result<Value, WorkerError> {
         if self.worker.is_none() {
-            self.worker = Some(Worker::start(&self.python, self.gpu)?);
+            self.worker = Some(Worker::start(&self.launcher, self.gpu)?);
             self.starts += 1;
         }
         let worker = self.worker.as_mut().expect("started above");

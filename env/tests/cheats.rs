@@ -24,6 +24,7 @@ fn problem(name: &str) -> ProblemSource {
     ProblemSource {
         name: name.into(),
         code: file(name),
+        graph: None,
     }
 }
 

@@ -123,6 +123,7 @@ extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }
         let problem = ProblemSource {
             name: "p.py".into(),
             code: String::new(),
+            graph: None,
         };
         let c = Candidate::Python {
             name: "c.py".into(),

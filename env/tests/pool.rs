@@ -23,6 +23,7 @@ async fn two_workers_judge_candidates_at_the_same_time() {
             "/tests/cheats/problem_relu.py"
         ))
         .unwrap(),
+        graph: None,
     };
     // Each candidate's first forward logs its process and its span, and
     // takes a while; the third is wrong on purpose.

@@ -176,7 +176,8 @@ fn missing_inputs_and_unknown_ops_are_named() {
         )
         .unwrap();
     g.set_outputs(vec![mtmc_actions::graph::TensorRef::first(opaque)]);
-    let mut r = Reference::new(&g, &HashMap::from([("x".into(), vec![1.0; 4])])).unwrap();
+    let ones = HashMap::from([("x".into(), vec![1.0; 4])]);
+    let mut r = Reference::new(&g, &ones).unwrap();
     let e = r.element(g.outputs()[0], 0).unwrap_err();
     assert!(
         e.to_string().contains("node `conv`") && e.to_string().contains("worker"),

@@ -88,6 +88,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         let problem = ProblemSource {
             name: format!("{}.py", p.name),
             code: p.code.clone(),
+            graph: None,
         };
         let settings = WorkerSettings {
             protocol: Protocol::KERNELBENCH_FP32,

@@ -1,8 +1,11 @@
 //! `mtmc eval`: run candidates through an evaluator and print each Outcome.
 //!
-//! With a GPU and torch, the Python worker runs the KernelBench protocol;
-//! without a GPU, the compile-only evaluator compiles the candidate's CUDA
-//! with NVRTC and says that nothing was run.
+//! Python candidates (`ModelNew`) go to the worker, which runs the
+//! KernelBench protocol against the problem's PyTorch model; CUDA programs
+//! (JSON with a launch plan) go to the native evaluator, checked against
+//! the f64 CPU reference (this is how intents are evaluated). Without a
+//! GPU, the compile-only evaluator compiles the candidates' CUDA with NVRTC
+//! and says that nothing was run.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,6 +16,7 @@ use mtmc_actions::graph::OpGraph;
 use mtmc_env::evaluator::{
     Candidate, CompileOnly, EvalError, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings,
 };
+use mtmc_env::native::{CudaProgram, GraphSource, NativeEvaluator};
 use mtmc_env::nvrtc::Arch;
 use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
 use mtmc_env::pool::WorkerPool;
@@ -23,20 +27,21 @@ use crate::source::{Problems, cache_dir};
 /// Which evaluator `mtmc eval` uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Choice {
-    /// The worker when this machine has a GPU, else compile-only.
+    /// With a GPU: the worker for Python candidates, native for CUDA
+    /// programs; without one, compile-only.
     Auto,
     /// The Python worker (KernelBench protocol on the GPU).
     Worker,
+    /// cudarc and the f64 reference (CUDA programs).
+    Native,
     /// NVRTC only; nothing is run.
     CompileOnly,
 }
 
 /// What `mtmc eval` was asked to do.
 pub struct Request<'a> {
-    /// Problems path.
-    pub kernelbench: Option<&'a Path>,
-    /// Problem name.
-    pub problem: &'a str,
+    /// The problem or intent.
+    pub subject: crate::cmd::show::Subject<'a>,
     /// Candidates' Python sources (each defines `ModelNew`), evaluated in
     /// order by one worker slot.
     pub candidates: &'a [PathBuf],
@@ -60,144 +65,267 @@ pub struct Request<'a> {
     pub json: Option<&'a Path>,
 }
 
+/// The problem as the evaluators see it, and its graph when it has one.
+fn resolve(
+    subject: &crate::cmd::show::Subject<'_>,
+) -> Result<(String, ProblemSource, Option<OpGraph>)> {
+    use crate::cmd::show::Subject;
+    match subject {
+        Subject::Problem { kernelbench, name } => {
+            let problems = Problems::load(*kernelbench)?;
+            let p = problems.find(name)?;
+            let traced = problems.graphs(&[p])?.remove(0);
+            let graph = traced.graph.ok();
+            Ok((
+                p.full_name(),
+                ProblemSource {
+                    name: format!("{}.py", p.name),
+                    code: p.code.clone(),
+                    graph: traced.trace.map(|t| GraphSource::Trace(Box::new(t))),
+                },
+                graph,
+            ))
+        }
+        Subject::Intent {
+            text,
+            origin,
+            bindings,
+        } => {
+            let graph = mtmc_actions::intent::compile(text, bindings)
+                .with_context(|| format!("in {origin}"))?;
+            Ok((
+                "intent".to_string(),
+                ProblemSource {
+                    name: "intent".into(),
+                    code: String::new(),
+                    graph: Some(GraphSource::Intent {
+                        text: text.clone(),
+                        shapes: bindings.shapes.clone(),
+                        dtype: bindings.dtype,
+                    }),
+                },
+                Some(graph),
+            ))
+        }
+    }
+}
+
+fn load_candidate(path: &Path) -> Result<Candidate> {
+    let name = path
+        .file_name()
+        .map_or("candidate".into(), |n| n.to_string_lossy().into_owned());
+    if path.extension().is_some_and(|e| e == "json") {
+        let program = CudaProgram::load(path).map_err(anyhow::Error::msg)?;
+        return Ok(Candidate::Cuda { name, program });
+    }
+    let code = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read candidate `{}`", path.display()))?;
+    Ok(Candidate::Python { name, code })
+}
+
+/// The evaluators of one `mtmc eval` run, started as candidates need them.
+struct Judges {
+    settings: WorkerSettings,
+    gpu: bool,
+    choice: Choice,
+    worker: Option<WorkerEvaluator>,
+    native: Option<NativeEvaluator>,
+    compile_only: CompileOnly,
+}
+
+impl Judges {
+    fn kind_for(&self, c: &Candidate) -> Result<EvaluatorKind> {
+        let python = matches!(c, Candidate::Python { .. });
+        Ok(match (self.choice, python) {
+            (Choice::CompileOnly, _) => EvaluatorKind::CompileOnly,
+            (Choice::Worker, true) => EvaluatorKind::Worker,
+            (Choice::Native, false) => EvaluatorKind::Native,
+            (Choice::Worker, false) => bail!(
+                "{} is a CUDA program: the worker runs Python candidates (use --evaluator native or auto)",
+                c.name()
+            ),
+            (Choice::Native, true) => bail!(
+                "{} is Python: the native evaluator runs CUDA programs (use --evaluator worker or auto)",
+                c.name()
+            ),
+            (Choice::Auto, true) if self.gpu || self.settings.cpu => EvaluatorKind::Worker,
+            (Choice::Auto, false) if self.gpu => EvaluatorKind::Native,
+            (Choice::Auto, _) => EvaluatorKind::CompileOnly,
+        })
+    }
+
+    async fn judge(
+        &mut self,
+        problem: &ProblemSource,
+        c: &Candidate,
+    ) -> Result<Outcome, EvalError> {
+        match self
+            .kind_for(c)
+            .map_err(|e| EvalError::Unsupported(e.to_string()))?
+        {
+            EvaluatorKind::Worker => {
+                let settings = self.settings.clone();
+                let ev = self
+                    .worker
+                    .get_or_insert_with(|| WorkerEvaluator::new(WorkerSlot::new(None), settings));
+                ev.evaluate(problem, c).await
+            }
+            EvaluatorKind::Native => {
+                let protocol = self.settings.protocol.clone();
+                let limit = self.settings.limit;
+                let exe = std::env::current_exe().map_err(|e| {
+                    EvalError::Unsupported(format!(
+                        "cannot find the mtmc binary to run the native evaluator: {e}"
+                    ))
+                })?;
+                let ev = self
+                    .native
+                    .get_or_insert_with(|| NativeEvaluator::new(exe.into(), None, protocol, limit));
+                ev.evaluate(problem, c).await
+            }
+            EvaluatorKind::CompileOnly => self.compile_only.evaluate(problem, c).await,
+        }
+    }
+
+    fn starts(&self) -> u32 {
+        self.worker.as_ref().map_or(0, |w| w.slot.starts)
+            + self.native.as_ref().map_or(0, |n| n.slot.starts)
+    }
+}
+
 /// Evaluates and prints.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
-    let problems = Problems::load(req.kernelbench)?;
-    let p = problems.find(req.problem)?;
-    if p.code.is_empty() {
-        bail!(
-            "`mtmc eval` needs {p}'s code, and the built-in set has graphs only: pass --kernelbench PATH \
-             (a problems.jsonl or a KernelBench checkout)"
-        );
-    }
-    let graph: Option<OpGraph> = problems.graphs(&[p])?.remove(0).graph.ok();
-    let mut candidates = Vec::new();
-    for path in req.candidates {
-        let code = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read candidate `{}`", path.display()))?;
-        let name = path
-            .file_name()
-            .map_or("candidate.py".into(), |n| n.to_string_lossy().into_owned());
-        candidates.push(Candidate::Python { name, code });
-    }
-    let problem = ProblemSource {
-        name: format!("{}.py", p.name),
-        code: p.code.clone(),
-    };
-    let kind = match req.evaluator {
-        Choice::Worker => EvaluatorKind::Worker,
-        Choice::CompileOnly => EvaluatorKind::CompileOnly,
-        Choice::Auto if req.cpu => EvaluatorKind::Worker,
-        Choice::Auto => match mtmc_env::probe::driver() {
-            Ok(d) if !d.gpus.is_empty() => EvaluatorKind::Worker,
-            _ => EvaluatorKind::CompileOnly,
-        },
-    };
+    let (title, problem, graph) = resolve(&req.subject)?;
+    let candidates = req
+        .candidates
+        .iter()
+        .map(|p| load_candidate(p))
+        .collect::<Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let gpus = match mtmc_env::probe::driver() {
+        Ok(d) if !req.cpu => d.gpus.len() as u32,
+        _ => 0,
+    };
+    let settings = WorkerSettings {
+        protocol: Protocol {
+            trials: req.trials,
+            ..Protocol::KERNELBENCH_FP32
+        },
+        baselines: req.baselines.clone(),
+        baseline_cache: req
+            .baseline_cache
+            .then(|| cache_dir().map(|d| d.join("baselines")))
+            .flatten(),
+        inputs_on_device: !req.host_inputs,
+        cpu: req.cpu,
+        strict: req.strict,
+        limit: req.timeout,
+        prepare_limit: req.timeout.max(Duration::from_secs(900)),
+    };
+    let all_python = candidates
+        .iter()
+        .all(|c| matches!(c, Candidate::Python { .. }));
+    if gpus > 1
+        && candidates.len() > 1
+        && all_python
+        && matches!(req.evaluator, Choice::Auto | Choice::Worker)
+    {
+        return run_on_gpus(
+            out,
+            &req,
+            &runtime,
+            &problem,
+            candidates,
+            gpus,
+            &settings,
+            graph.as_ref(),
+        );
+    }
+    let mut judges = Judges {
+        settings,
+        gpu: gpus > 0,
+        choice: req.evaluator,
+        worker: None,
+        native: None,
+        compile_only: CompileOnly {
+            arch: Arch::SM90,
+            reason: if req.evaluator == Choice::CompileOnly {
+                "asked for".into()
+            } else {
+                "no GPU on this machine".into()
+            },
+        },
+    };
+    for c in &candidates {
+        if judges.kind_for(c)? == EvaluatorKind::Worker && problem.code.is_empty() {
+            match &req.subject {
+                crate::cmd::show::Subject::Problem { .. } => bail!(
+                    "`mtmc eval` needs {title}'s code to run {}, and the built-in set has graphs only: pass --kernelbench PATH \
+                     (a problems.jsonl or a KernelBench checkout)",
+                    c.name()
+                ),
+                crate::cmd::show::Subject::Intent { .. } => bail!(
+                    "{} is Python, and an intent has no PyTorch model to check it against: write the candidate as a CUDA program (.json)",
+                    c.name()
+                ),
+            }
+        }
+    }
+    if judges.kind_for(&candidates[0])? == EvaluatorKind::Worker && !req.baselines.is_empty() {
+        writeln!(
+            out,
+            "{title}: reference outputs and baselines ({})…",
+            req.baselines.join(", ")
+        )?;
+        out.flush()?;
+    }
+    let specs = builtin_devices();
     let mut outcomes = Vec::new();
-    let device_spec = builtin_devices();
-    match kind {
-        EvaluatorKind::CompileOnly => {
-            let reason = match req.evaluator {
-                Choice::CompileOnly => "asked for".to_string(),
-                _ => "no GPU on this machine".to_string(),
-            };
-            let mut ev = CompileOnly {
-                arch: Arch::SM90,
-                reason,
-            };
-            for c in &candidates {
-                let o = runtime.block_on(ev.evaluate(&problem, c))?;
-                print(out, c.name(), &o)?;
-                outcomes.push(serde_json::json!({"candidate": c.name(), "outcome": o}));
+    for c in &candidates {
+        let mut o = match runtime.block_on(judges.judge(&problem, c)) {
+            Err(EvalError::Worker(WorkerError::Failed(e)))
+                if e.contains("No module named 'torch'") =>
+            {
+                bail!(
+                    "{} has no torch, which evaluation needs: install it there, or set MTMC_PYTHON to a Python that has it",
+                    mtmc_env::python::interpreter().to_string_lossy()
+                )
             }
+            Err(EvalError::Worker(e))
+                if e.lost_worker() && matches!(c, Candidate::Python { .. }) =>
+            {
+                bail!("the reference side of {title} could not be computed: {e}")
+            }
+            other => other.with_context(|| format!("evaluating {}", c.name()))?,
+        };
+        if o.status == Status::CompiledOnly && o.evaluator == EvaluatorKind::Worker {
+            bail!(
+                "nothing was run: {}; use --evaluator compile-only on machines without a GPU",
+                o.why
+                    .as_deref()
+                    .unwrap_or("the worker could not run the candidate")
+            );
         }
-        EvaluatorKind::Worker | EvaluatorKind::Native => {
-            let settings = WorkerSettings {
-                protocol: Protocol {
-                    trials: req.trials,
-                    ..Protocol::KERNELBENCH_FP32
-                },
-                baselines: req.baselines.clone(),
-                baseline_cache: req
-                    .baseline_cache
-                    .then(|| cache_dir().map(|d| d.join("baselines")))
-                    .flatten(),
-                inputs_on_device: !req.host_inputs,
-                cpu: req.cpu,
-                strict: req.strict,
-                limit: req.timeout,
-                prepare_limit: req.timeout.max(Duration::from_secs(900)),
-            };
-            let gpus = match mtmc_env::probe::driver() {
-                Ok(d) if !req.cpu => d.gpus.len() as u32,
-                _ => 0,
-            };
-            if gpus > 1 && candidates.len() > 1 {
-                return run_on_gpus(
-                    out,
-                    &req,
-                    &runtime,
-                    &problem,
-                    candidates,
-                    gpus,
-                    &settings,
-                    graph.as_ref(),
-                );
-            }
-            let mut ev = WorkerEvaluator::new(WorkerSlot::new(None), settings);
-            if !req.baselines.is_empty() {
-                writeln!(
-                    out,
-                    "{p}: reference outputs and baselines ({})…",
-                    req.baselines.join(", ")
-                )?;
-                out.flush()?;
-            }
-            for c in &candidates {
-                let o = match runtime.block_on(ev.evaluate(&problem, c)) {
-                    Err(EvalError::Worker(WorkerError::Failed(e)))
-                        if e.contains("No module named 'torch'") =>
-                    {
-                        bail!(
-                            "{} has no torch, which evaluation needs: install it there, or set MTMC_PYTHON to a Python that has it",
-                            mtmc_env::python::interpreter().to_string_lossy()
-                        )
-                    }
-                    Err(EvalError::Worker(e)) if e.lost_worker() => {
-                        bail!("the reference side of {p} could not be computed: {e}")
-                    }
-                    other => other.with_context(|| format!("evaluating {}", c.name()))?,
-                };
-                let mut o = o;
-                if o.status == Status::CompiledOnly {
-                    bail!(
-                        "nothing was run: {}; use --evaluator compile-only on machines without a GPU",
-                        o.why
-                            .as_deref()
-                            .unwrap_or("the worker could not run the candidate")
-                    );
-                }
-                if let (Some(g), Some(spec)) = (
-                    &graph,
-                    find_device(&device_spec, o.device.as_deref().unwrap_or("")),
-                ) {
-                    o.add_roofline(g, spec, MathMode::default());
-                }
-                print(out, c.name(), &o)?;
-                out.flush()?;
-                outcomes.push(serde_json::json!({"candidate": c.name(), "outcome": o}));
-            }
-            writeln!(
-                out,
-                "{p}: {} candidate(s), {} worker start(s)",
-                outcomes.len(),
-                ev.slot.starts
-            )?;
+        if let (Some(g), Some(spec)) = (
+            &graph,
+            find_device(&specs, o.device.as_deref().unwrap_or("")),
+        ) {
+            o.add_roofline(g, spec, MathMode::default());
         }
+        print(out, c.name(), &o)?;
+        out.flush()?;
+        outcomes.push(serde_json::json!({"candidate": c.name(), "outcome": o}));
+    }
+    let starts = judges.starts();
+    if starts > 0 {
+        writeln!(
+            out,
+            "{title}: {} candidate(s), {starts} worker start(s)",
+            outcomes.len()
+        )?;
     }
     write_json(req.json, &outcomes)
 }
@@ -306,9 +434,11 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
             field(k.shared_bytes, " B"),
             field(k.local_bytes, " B")
         )?;
-        match k.occupancy {
-            Some(occ) => writeln!(out, ", occupancy {:.0}% at 256 threads", occ * 100.0)?,
-            None => writeln!(out)?,
+        match (k.occupancy, k.block_threads) {
+            (Some(occ), Some(block)) => {
+                writeln!(out, ", occupancy {:.0}% at {block} threads", occ * 100.0)?
+            }
+            _ => writeln!(out)?,
         }
     }
     if !o.torch_ops.is_empty() {

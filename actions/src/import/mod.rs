@@ -23,7 +23,7 @@ use crate::op::Op;
 pub const TRACE_SCHEMA: u32 = 1;
 
 /// One problem's trace as the tracer writes it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
 pub struct Trace {
     /// Format version.
     pub schema: u32,
@@ -59,7 +59,7 @@ pub struct Trace {
 }
 
 /// One recorded call.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
 pub struct TraceNode {
     /// Unique name within the trace.
     pub name: String,
@@ -95,7 +95,7 @@ pub struct TraceNode {
 }
 
 /// A submodule of a called module.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
 pub struct ChildModule {
     /// Class name.
     pub module: String,
@@ -105,7 +105,7 @@ pub struct ChildModule {
 }
 
 /// A module parameter's type.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
 pub struct ParamMeta {
     /// Shape.
     pub shape: Vec<u64>,
