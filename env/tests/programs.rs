@@ -47,7 +47,8 @@ fn the_shipped_programs_fit_their_intents() {
 fn a_plan_that_does_not_fit_says_what_is_wrong() {
     let relu = graph("y = relu(x)", "x=16");
     let base = program("relu.json");
-    let cases: [(&str, fn(&mut CudaProgram)); 5] = [
+    type Breakage = fn(&mut CudaProgram);
+    let cases: [(&str, Breakage); 5] = [
         ("input `x` needs exactly one buffer", |p| {
             p.buffers.retain(|b| b.input.is_none())
         }),
