@@ -1,5 +1,8 @@
-// Faulty on purpose: never returns.
+// Faulty on purpose: never returns. The loop reads global memory through a
+// volatile pointer each time, so the compiler cannot remove it; the inputs
+// are below 1e30, so it never ends.
 extern "C" __global__ void spin(const float* x, float* y, long long n) {
-    volatile int forever = 1;
-    while (forever) { }
+    const volatile float* v = x;
+    while (v[0] < 1e30f) { }
+    y[0] = v[0];
 }
