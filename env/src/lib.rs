@@ -1,4 +1,5 @@
-//! The machine side of mtmc: what is installed, and running Python tools.
+//! The machine side of mtmc: what is installed, and compiling, running,
+//! checking and timing candidates.
 //!
 //! - [`python`]: finding the Python interpreter that has torch;
 //! - [`evaluator`]: the `Evaluator` interface and the worker and
