@@ -143,7 +143,7 @@ async fn strict_mode_fails_torch_compute() {
 }
 
 #[tokio::test]
-async fn a_hanging_candidate_costs_itself_and_the_next_one_is_judged() {
+async fn a_hang_an_exit_and_a_segfault_each_cost_one_candidate() {
     let Some(python) = torch_python() else { return };
     let mut ev = evaluator(python, false, Duration::from_secs(20));
     let hang = Candidate::Python {
@@ -161,9 +161,16 @@ async fn a_hanging_candidate_costs_itself_and_the_next_one_is_judged() {
     let o = ev.evaluate(&p, &crash).await.unwrap();
     assert_eq!(o.status, Status::Crashed, "{o:?}");
     assert!(o.error.unwrap().contains("exit status: 9"));
+    let segfault = Candidate::Python {
+        name: "segfaults.py".into(),
+        code: "import ctypes, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ctypes.string_at(0)\n".into(),
+    };
+    let o = ev.evaluate(&p, &segfault).await.unwrap();
+    assert_eq!(o.status, Status::Crashed, "{o:?}");
+    assert!(o.error.unwrap().contains("signal: 11"));
     let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
     assert_eq!(o.status, Status::Correct);
-    assert_eq!(ev.slot.starts, 3);
+    assert_eq!(ev.slot.starts, 4);
 }
 
 #[tokio::test]
