@@ -440,7 +440,7 @@ def kernel_reports(ns, model):
             elif module.startswith("triton") and hasattr(obj, "device_caches"):
                 for caches in obj.device_caches.values():
                     for compiled in caches[0].values():
-                        found.append({"name": compiled.name, "source": "triton", "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None), "shared_bytes": getattr(compiled.metadata, "shared", None), "num_warps": getattr(compiled.metadata, "num_warps", None)})
+                        found.append({"name": compiled.name, "source": "triton", "registers": getattr(compiled, "n_regs", None), "spills": getattr(compiled, "n_spills", None), "shared_bytes": getattr(compiled.metadata, "shared", None), "num_warps": getattr(compiled.metadata, "num_warps", None), "block_threads": 32 * getattr(compiled.metadata, "num_warps", 0) or None})
         except Exception:
             # A kernel object that cannot describe itself is left out; the
             # outcome is not at stake.

@@ -495,6 +495,27 @@ impl Reply {
         o.runtime = self.runtime;
         o.baselines = self.baselines;
         o.kernels = self.kernels;
+        // Triton kernels say their block (num_warps × 32): their occupancy
+        // follows from registers and shared memory. cupy's do not (the block
+        // is chosen at each launch), so theirs stays unknown.
+        for k in &mut o.kernels {
+            if let (None, Some(block), Some(registers)) =
+                (k.occupancy, k.block_threads, k.registers)
+            {
+                let r = crate::nvrtc::KernelResources {
+                    name: k.name.clone(),
+                    registers,
+                    shared_bytes: k.shared_bytes.unwrap_or(0),
+                    ..Default::default()
+                };
+                k.occupancy = Some(crate::nvrtc::occupancy(
+                    &r,
+                    block,
+                    0,
+                    crate::nvrtc::SmLimits::SM90,
+                ));
+            }
+        }
         o.torch_ops = self.torch_ops;
         for (phase, seconds) in [
             ("reference", self.reference_seconds),
@@ -535,5 +556,50 @@ pub async fn run_eval(
         Err(e @ WorkerError::Timeout(_)) => Ok(lost(Status::Timeout, &e)),
         Err(e @ WorkerError::Died { .. }) => Ok(lost(Status::Crashed, &e)),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_becomes_an_outcome_with_triton_occupancy_and_non_finite_errors() {
+        let reply: Reply = serde_json::from_value(json!({
+            "status": "incorrect",
+            "device": "NVIDIA H100 80GB HBM3",
+            "why": "values differ beyond tolerance",
+            "trials_run": 1,
+            "max_abs_err": "inf",
+            "first_bad_index": [0, 7],
+            "expected": 0.5,
+            "got": "nan",
+            "kernels": [
+                {"name": "_relu", "source": "triton", "registers": 64, "shared_bytes": 0, "num_warps": 4, "block_threads": 128},
+                {"name": "relu", "source": "cupy", "registers": 32}
+            ],
+            "check_seconds": 0.25
+        }))
+        .unwrap();
+        let o = reply.into_outcome().unwrap();
+        assert_eq!(o.status, Status::Incorrect);
+        let c = o.correctness.unwrap();
+        assert_eq!(c.max_abs_err, Some(f64::INFINITY));
+        let bad = c.first_bad.unwrap();
+        assert_eq!(bad.index, [0, 7]);
+        assert!(bad.got.is_nan());
+        // 64 registers × 128 threads: 8 blocks of 4 warps, half the SM's 64 warps.
+        assert_eq!(o.kernels[0].occupancy, Some(0.5));
+        assert_eq!(o.kernels[1].occupancy, None);
+        assert_eq!(o.phases["check"], 0.25);
+    }
+
+    #[test]
+    fn an_unknown_status_is_a_protocol_error() {
+        let reply: Reply = serde_json::from_value(json!({"status": "great"})).unwrap();
+        assert!(matches!(
+            reply.into_outcome(),
+            Err(WorkerError::Protocol(_))
+        ));
     }
 }
