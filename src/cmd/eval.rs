@@ -318,6 +318,8 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         print(out, c.name(), &o)?;
         out.flush()?;
         outcomes.push(serde_json::json!({"candidate": c.name(), "outcome": o}));
+        // After every candidate, so that an interrupted run keeps what it judged.
+        write_json(req.json, &outcomes)?;
     }
     let starts = judges.starts();
     if starts > 0 {
