@@ -122,6 +122,33 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
+    /// Write kernels for an intent with the template coder and a small
+    /// built-in search (today: intents made of pointwise ops, fused into
+    /// one kernel; launch variants judged on the GPU, or compiled only).
+    Optimize {
+        /// An intent program, e.g. "y = gelu(x * s + b)".
+        #[arg(
+            long,
+            required_unless_present = "intent_file",
+            conflicts_with = "intent_file"
+        )]
+        intent: Option<String>,
+        /// A file holding an intent program.
+        #[arg(long, value_name = "FILE")]
+        intent_file: Option<PathBuf>,
+        /// Shapes of undeclared intent inputs: x=4096x4096,s=4096,b=4096.
+        #[arg(long, value_name = "NAME=DIMS,...")]
+        shape: Option<String>,
+        /// Element type of undeclared intent inputs.
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        /// Where the generated program and the report go.
+        #[arg(long, value_name = "DIR", default_value = "mtmc-out")]
+        out: PathBuf,
+        /// Seconds before a candidate's evaluation is stopped.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
     /// Benchmark the evaluation environment on the GPU: wall seconds per
     /// candidate (compile + 5 correctness trials + 100 timed trials) on the
     /// fast path (NVRTC, Triton) and the load_inline path, candidates per
@@ -247,6 +274,29 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     cpu,
                     strict,
                     json: json.as_deref(),
+                },
+            )
+        }
+        Command::Optimize {
+            intent,
+            intent_file,
+            shape,
+            dtype,
+            out: out_dir,
+            timeout,
+        } => {
+            let cmd::show::Subject::Intent { text, bindings, .. } =
+                subject(kb, None, intent, intent_file, shape, &dtype)?
+            else {
+                unreachable!("no problem name was given")
+            };
+            cmd::optimize::run(
+                out,
+                cmd::optimize::Request {
+                    text,
+                    bindings,
+                    out_dir: &out_dir,
+                    timeout: std::time::Duration::from_secs(timeout),
                 },
             )
         }

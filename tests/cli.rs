@@ -268,6 +268,7 @@ fn help_lists_only_working_commands() {
             "show",
             "compile",
             "eval",
+            "optimize",
             "bench-env",
             "doctor",
             "help"
@@ -580,6 +581,74 @@ fn a_python_candidate_for_an_intent_is_one_clear_error() {
     assert!(
         out.error
             .contains("c.py is Python: the native evaluator runs CUDA programs"),
+        "{}",
+        out.error
+    );
+}
+
+#[test]
+fn optimize_writes_a_program_for_a_pointwise_intent_or_says_what_it_lacks() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = mtmc(&[
+        "optimize",
+        "--intent",
+        "y = gelu(x * s + b) - 0.5 * x",
+        "--shape",
+        "x=64x128,s=128,b=128",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ])
+    .success();
+    let s = &out.stdout;
+    // No GPU here: compiled only, and said so.
+    assert!(
+        s.contains("judged by compile only (no GPU: nothing is run or timed)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("fuse block=256 vector=1: compiled, not run"),
+        "{s}"
+    );
+    assert!(
+        s.contains("fuse block=256 vector=4: refused, rolled back: float4 needs every input"),
+        "{s}"
+    );
+    // The written program is a candidate `mtmc eval` takes for the same intent.
+    let program = out_dir.join("program.json");
+    assert!(out_dir.join("program.cu").is_file() && out_dir.join("report.json").is_file());
+    let again = mtmc(&[
+        "eval",
+        "--intent",
+        "y = gelu(x * s + b) - 0.5 * x",
+        "--shape",
+        "x=64x128,s=128,b=128",
+        "--evaluator",
+        "compile-only",
+        "--candidate",
+        program.to_str().unwrap(),
+    ])
+    .success();
+    assert!(
+        again
+            .stdout
+            .starts_with("program.json: compiled_only (compile-only)"),
+        "{}",
+        again.stdout
+    );
+    let out = mtmc(&[
+        "optimize",
+        "--intent",
+        "y = softmax(x, dim=1)",
+        "--shape",
+        "x=4x8",
+    ])
+    .failure();
+    assert!(
+        out.error.contains("no family yet for y (softmax dim=1)"),
         "{}",
         out.error
     );

@@ -4,5 +4,6 @@ pub mod bench_env;
 pub mod compile;
 pub mod doctor;
 pub mod eval;
+pub mod optimize;
 pub mod problems;
 pub mod show;

@@ -1,0 +1,100 @@
+//! Programs: an ordered set of fragments that together compute a graph.
+//! A step changes one fragment, never the whole program.
+
+use std::collections::BTreeSet;
+
+use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
+use serde::Serialize;
+
+use crate::action::Action;
+
+/// How a fragment is launched: a 1-D grid-stride loop over `items`
+/// (elements, or vectors of `vector` elements).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Launch {
+    /// Blocks.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// Elements the kernel's `n` argument counts.
+    pub elements: u64,
+}
+
+/// One piece of a program: the code for one region of the graph.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Fragment {
+    /// Kernel name, unique in the program.
+    pub name: String,
+    /// The action that made it.
+    pub action: Action,
+    /// CUDA C++ defining one `extern "C" __global__` kernel called `name`.
+    pub source: String,
+    /// The tensors it reads, in argument order (after them come its
+    /// outputs, then `long long n`).
+    #[serde(skip)]
+    pub inputs: Vec<TensorRef>,
+    /// The tensors it writes, in argument order.
+    #[serde(skip)]
+    pub outputs: Vec<TensorRef>,
+    /// The nodes it computes.
+    #[serde(skip)]
+    pub region: Vec<NodeId>,
+    /// Its launch.
+    pub launch: Launch,
+}
+
+/// Fragments in execution order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Program {
+    /// The fragments.
+    pub fragments: Vec<Fragment>,
+}
+
+impl Program {
+    /// The nodes some fragment computes.
+    pub fn covered(&self) -> BTreeSet<NodeId> {
+        self.fragments
+            .iter()
+            .flat_map(|f| f.region.iter().copied())
+            .collect()
+    }
+
+    /// The program with `fragment` in place of every fragment whose region
+    /// it overlaps, the fragments ordered so that each runs after those
+    /// whose outputs it reads.
+    pub fn with(&self, fragment: Fragment) -> Program {
+        let overlaps = |f: &Fragment| f.region.iter().any(|n| fragment.region.contains(n));
+        let mut pending: Vec<Fragment> = self
+            .fragments
+            .iter()
+            .filter(|f| !overlaps(f))
+            .cloned()
+            .collect();
+        pending.push(fragment);
+        let mut fragments = Vec::with_capacity(pending.len());
+        while !pending.is_empty() {
+            // The first fragment none of whose inputs a pending one writes.
+            let ready = pending
+                .iter()
+                .position(|f| {
+                    !f.inputs.iter().any(|t| {
+                        pending
+                            .iter()
+                            .any(|o| o.name != f.name && o.outputs.contains(t))
+                    })
+                })
+                .unwrap_or(0);
+            fragments.push(pending.remove(ready));
+        }
+        Program { fragments }
+    }
+
+    /// The graph nodes (not sources) no fragment computes yet.
+    pub fn missing(&self, g: &OpGraph) -> Vec<NodeId> {
+        let covered = self.covered();
+        g.nodes()
+            .filter(|(id, n)| !n.op.is_source() && !covered.contains(id))
+            .map(|(id, _)| id)
+            .collect()
+    }
+}

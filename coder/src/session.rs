@@ -1,0 +1,116 @@
+//! One step at a time: each fragment is compiled on its own before it joins
+//! the program; a fragment that does not compile, or a program the
+//! evaluator finds wrong, is rolled back to the last good program, and the
+//! failure is kept for the critique and the trajectory.
+
+use mtmc_actions::graph::OpGraph;
+use mtmc_env::nvrtc::{self, Arch, CompileUnit};
+use serde::Serialize;
+
+use crate::MicroCoder;
+use crate::action::Action;
+use crate::program::Program;
+
+/// Where a step failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The coder wrote nothing.
+    Refused,
+    /// The fragment did not compile.
+    Compile,
+    /// The program ran and was judged wrong (or failed to run).
+    Outcome,
+}
+
+/// A rolled-back step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Failure {
+    /// The action.
+    pub action: Action,
+    /// Where it failed.
+    pub stage: Stage,
+    /// The fragment's source, when one was written.
+    pub fragment: Option<String>,
+    /// The reason: the refusal, the compiler log, or the outcome's verdict.
+    pub log: String,
+}
+
+/// A coder working on one graph, with the last good program.
+pub struct Session<'g, C> {
+    g: &'g OpGraph,
+    coder: C,
+    arch: Arch,
+    good: Program,
+    /// Every rolled-back step, in order.
+    pub failures: Vec<Failure>,
+}
+
+impl<'g, C: MicroCoder> Session<'g, C> {
+    /// A session from the empty program.
+    pub fn new(g: &'g OpGraph, coder: C, arch: Arch) -> Session<'g, C> {
+        Session {
+            g,
+            coder,
+            arch,
+            good: Program::default(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// The last good program.
+    pub fn good(&self) -> &Program {
+        &self.good
+    }
+
+    /// Writes and compiles the fragment for `action`. On success, the
+    /// program with it (to be judged, then accepted or rejected); on
+    /// failure, the recorded failure, with the good program unchanged.
+    pub fn propose(&mut self, action: &Action) -> Result<Program, Failure> {
+        let fragment = match self.coder.realize(&self.good, self.g, action) {
+            Ok(f) => f,
+            Err(r) => return Err(self.fail(action, Stage::Refused, None, r.0)),
+        };
+        let unit = CompileUnit {
+            name: format!("{}.cu", fragment.name),
+            source: fragment.source.clone(),
+        };
+        match nvrtc::compile(&unit, self.arch) {
+            Ok(report) if report.ok => Ok(self.good.with(fragment)),
+            Ok(report) => Err(self.fail(action, Stage::Compile, Some(fragment.source), report.log)),
+            Err(e) => Err(self.fail(action, Stage::Compile, Some(fragment.source), e.to_string())),
+        }
+    }
+
+    /// Makes `program` the last good one (it was judged correct).
+    pub fn accept(&mut self, program: Program) {
+        self.good = program;
+    }
+
+    /// Rolls back a proposed program the evaluator found wrong.
+    pub fn reject(&mut self, action: &Action, program: &Program, why: impl Into<String>) {
+        let fragment = program
+            .fragments
+            .iter()
+            .find(|f| f.action == *action)
+            .map(|f| f.source.clone());
+        self.fail(action, Stage::Outcome, fragment, why.into());
+    }
+
+    fn fail(
+        &mut self,
+        action: &Action,
+        stage: Stage,
+        fragment: Option<String>,
+        log: String,
+    ) -> Failure {
+        let f = Failure {
+            action: action.clone(),
+            stage,
+            fragment,
+            log,
+        };
+        self.failures.push(f.clone());
+        f
+    }
+}

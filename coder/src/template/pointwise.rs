@@ -1,0 +1,373 @@
+//! Pointwise chains with broadcasting, fused into one pass: every element
+//! of the region's output is computed from the region's inputs, read at
+//! their broadcast offsets, with the chain's intermediate values kept in
+//! registers.
+//!
+//! The kernel is a grid-stride loop over the output's elements. With
+//! `vector = 4` and no broadcast input, each trip loads and stores `float4`.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+
+use mtmc_actions::DType;
+use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
+use mtmc_actions::op::{BinaryOp, Op, UnaryOp};
+
+use super::Refusal;
+use crate::action::{Action, Params};
+use crate::program::{Fragment, Launch};
+
+/// Blocks per SM the grid-stride loop is sized for.
+const WAVES: u64 = 132 * 8;
+
+/// A float literal CUDA reads back exactly (as f32).
+fn lit(v: f64) -> Result<String, Refusal> {
+    if !v.is_finite() {
+        return Err(Refusal::new(format!(
+            "the constant {v} has no float literal"
+        )));
+    }
+    Ok(format!("{:e}f", v as f32))
+}
+
+/// The CUDA expression of a unary op applied to `x` (an identifier).
+fn unary(u: &UnaryOp, x: &str) -> Result<String, Refusal> {
+    Ok(match u {
+        UnaryOp::Relu => format!("fmaxf({x}, 0.0f)"),
+        UnaryOp::Relu6 => format!("fminf(fmaxf({x}, 0.0f), 6.0f)"),
+        UnaryOp::LeakyRelu { slope } => format!("({x} > 0.0f ? {x} : {x} * {})", lit(*slope)?),
+        UnaryOp::Gelu { tanh: false } => {
+            format!("(0.5f * {x} * (1.0f + erff({x} * 0.70710678118654752f)))")
+        }
+        UnaryOp::Gelu { tanh: true } => format!(
+            "(0.5f * {x} * (1.0f + tanhf(0.79788456080286536f * ({x} + 0.044715f * {x} * {x} * {x}))))"
+        ),
+        UnaryOp::Sigmoid => format!("(1.0f / (1.0f + expf(-{x})))"),
+        UnaryOp::Tanh => format!("tanhf({x})"),
+        UnaryOp::Silu => format!("({x} / (1.0f + expf(-{x})))"),
+        UnaryOp::Mish => format!("({x} * tanhf({x} > 20.0f ? {x} : log1pf(expf({x}))))"),
+        UnaryOp::Hardswish => format!("({x} * fminf(fmaxf({x} + 3.0f, 0.0f), 6.0f) / 6.0f)"),
+        UnaryOp::Hardsigmoid => format!("(fminf(fmaxf({x} + 3.0f, 0.0f), 6.0f) / 6.0f)"),
+        UnaryOp::Hardtanh { min, max } => {
+            format!("fminf(fmaxf({x}, {}), {})", lit(*min)?, lit(*max)?)
+        }
+        UnaryOp::Softplus { beta, threshold } => {
+            let (b, t) = (lit(*beta)?, lit(*threshold)?);
+            format!("({b} * {x} > {t} ? {x} : log1pf(expf({b} * {x})) / {b})")
+        }
+        UnaryOp::Softsign => format!("({x} / (1.0f + fabsf({x})))"),
+        UnaryOp::Elu { alpha } => format!("({x} > 0.0f ? {x} : {} * expm1f({x}))", lit(*alpha)?),
+        UnaryOp::Selu => format!(
+            "(1.0507009873554805f * ({x} > 0.0f ? {x} : 1.6732632423543772f * expm1f({x})))"
+        ),
+        UnaryOp::Clamp { min, max } => {
+            let mut e = x.to_string();
+            if let Some(lo) = min {
+                e = format!("fmaxf({e}, {})", lit(*lo)?);
+            }
+            if let Some(hi) = max {
+                e = format!("fminf({e}, {})", lit(*hi)?);
+            }
+            e
+        }
+        UnaryOp::Exp => format!("expf({x})"),
+        UnaryOp::Log => format!("logf({x})"),
+        UnaryOp::Abs => format!("fabsf({x})"),
+        UnaryOp::Neg => format!("(-{x})"),
+        UnaryOp::Sqrt => format!("sqrtf({x})"),
+        UnaryOp::Rsqrt => format!("(1.0f / sqrtf({x}))"),
+        UnaryOp::Reciprocal => format!("(1.0f / {x})"),
+        UnaryOp::Erf => format!("erff({x})"),
+        UnaryOp::Sin => format!("sinf({x})"),
+        UnaryOp::Cos => format!("cosf({x})"),
+        UnaryOp::Sign => format!("(float)(({x} > 0.0f) - ({x} < 0.0f))"),
+        UnaryOp::Not => {
+            return Err(Refusal::new(
+                "logical not makes a boolean tensor; only float32 chains are generated",
+            ));
+        }
+    })
+}
+
+/// The CUDA expression of a binary op.
+fn binary(b: BinaryOp, x: &str, y: &str) -> Result<String, Refusal> {
+    Ok(match b {
+        BinaryOp::Add => format!("({x} + {y})"),
+        BinaryOp::Sub => format!("({x} - {y})"),
+        BinaryOp::Mul => format!("({x} * {y})"),
+        BinaryOp::Div => format!("({x} / {y})"),
+        BinaryOp::FloorDiv => format!("floorf({x} / {y})"),
+        BinaryOp::Pow => format!("powf({x}, {y})"),
+        BinaryOp::Maximum => format!("fmaxf({x}, {y})"),
+        BinaryOp::Minimum => format!("fminf({x}, {y})"),
+        other => {
+            return Err(Refusal::new(format!(
+                "the comparison `{}` makes a boolean tensor; only float32 chains are generated",
+                other.symbol()
+            )));
+        }
+    })
+}
+
+fn shape(g: &OpGraph, t: TensorRef) -> Vec<u64> {
+    g.tensor(t).shape.clone()
+}
+
+/// Whether `small` broadcasts to `full` (numpy rules, right-aligned).
+fn broadcasts(small: &[u64], full: &[u64]) -> bool {
+    small.len() <= full.len()
+        && small
+            .iter()
+            .rev()
+            .zip(full.iter().rev())
+            .all(|(&s, &f)| s == f || s == 1)
+}
+
+/// The offset expression of an input of `small` shape for output index
+/// coordinates `c{d}` of `full`.
+fn offset(small: &[u64], full: &[u64], coords: &mut HashSet<usize>) -> String {
+    if small == full {
+        return "i".into();
+    }
+    let lead = full.len() - small.len();
+    let mut terms = Vec::new();
+    let mut stride = 1u64;
+    for k in (0..small.len()).rev() {
+        if small[k] != 1 {
+            coords.insert(lead + k);
+            terms.push(if stride == 1 {
+                format!("c{}", lead + k)
+            } else {
+                format!("c{} * {stride}LL", lead + k)
+            });
+        }
+        stride *= small[k];
+    }
+    if terms.is_empty() {
+        "0".into()
+    } else {
+        terms.join(" + ")
+    }
+}
+
+/// The region's tensors read from outside it, and its outputs: tensors
+/// read outside it or that are graph outputs.
+fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
+    let inside: HashSet<NodeId> = region.iter().copied().collect();
+    let mut inputs = Vec::new();
+    for &n in region {
+        for t in g.inputs(n) {
+            if !inside.contains(&t.node) && !inputs.contains(&t) {
+                inputs.push(t);
+            }
+        }
+    }
+    let mut outputs = Vec::new();
+    for &n in region {
+        let t = TensorRef::first(n);
+        let read_outside = g.consumers(n).iter().any(|c| !inside.contains(c));
+        if read_outside || g.outputs().contains(&t) {
+            outputs.push(t);
+        }
+    }
+    (inputs, outputs)
+}
+
+/// Generates the fused kernel for `action`'s region.
+pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
+    let region = action.nodes();
+    if region.is_empty() {
+        return Err(Refusal::new("the region is empty"));
+    }
+    for &n in &region {
+        let node = g.node(n);
+        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. }) {
+            return Err(Refusal::new(format!(
+                "`{}` ({}) is not a pointwise op this template writes",
+                node.name, node.op
+            )));
+        }
+        if node.outputs.iter().any(|t| t.dtype != DType::F32) {
+            return Err(Refusal::new(format!("`{}` is not float32", node.name)));
+        }
+    }
+    let (inputs, outputs) = boundary(g, &region);
+    if outputs.is_empty() {
+        return Err(Refusal::new("nothing reads the region's results"));
+    }
+    let full = shape(g, outputs[0]);
+    if let Some(t) = outputs.iter().find(|&&t| shape(g, t) != full) {
+        return Err(Refusal::new(format!(
+            "the region's outputs differ in shape ({} and {}): split it",
+            g.tensor(outputs[0]),
+            g.tensor(*t)
+        )));
+    }
+    for &n in &region {
+        let s = shape(g, TensorRef::first(n));
+        if !broadcasts(&s, &full) {
+            return Err(Refusal::new(format!(
+                "`{}` does not broadcast to the region's shape",
+                g.node(n).name
+            )));
+        }
+    }
+    for &t in &inputs {
+        if g.tensor(t).dtype != DType::F32 {
+            return Err(Refusal::new(format!(
+                "input `{}` is not float32",
+                g.node(t.node).name
+            )));
+        }
+    }
+    let numel: u64 = full.iter().product();
+    let Params { block, vector } = action.params;
+    if ![32, 64, 128, 256, 512, 1024].contains(&block) {
+        return Err(Refusal::new(format!(
+            "block {block} is not a power of two from 32 to 1024"
+        )));
+    }
+    let broadcast_inputs = inputs.iter().any(|&t| shape(g, t) != full);
+    let vector: u32 = match vector {
+        1 => 1,
+        4 if !broadcast_inputs && numel.is_multiple_of(4) => 4,
+        4 => {
+            return Err(Refusal::new(
+                "float4 needs every input at the output's shape and a multiple of 4 elements",
+            ));
+        }
+        v => return Err(Refusal::new(format!("vector width {v} is not 1 or 4"))),
+    };
+
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {} fused pointwise op(s) over {} elements",
+        region.len(),
+        numel
+    );
+    let params: Vec<String> = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, _)| format!("const float* __restrict__ in{k}"))
+        .chain((0..outputs.len()).map(|k| format!("float* __restrict__ out{k}")))
+        .chain(["long long n".to_string()])
+        .collect();
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}({}) {{",
+        params.join(", ")
+    );
+    let lanes: Vec<&str> = if vector == 4 {
+        vec!["x", "y", "z", "w"]
+    } else {
+        vec![""]
+    };
+    let trips = if vector == 4 { "n / 4" } else { "n" };
+    let _ = writeln!(
+        src,
+        "    long long stride = (long long)gridDim.x * blockDim.x;"
+    );
+    let _ = writeln!(
+        src,
+        "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < {trips}; i += stride) {{"
+    );
+    // Coordinates of the output index that broadcast inputs need.
+    let mut coords = HashSet::new();
+    let offsets: Vec<String> = inputs
+        .iter()
+        .map(|&t| offset(&shape(g, t), &full, &mut coords))
+        .collect();
+    let mut coords: Vec<usize> = coords.into_iter().collect();
+    coords.sort_unstable();
+    for d in coords {
+        let inner: u64 = full[d + 1..].iter().product();
+        let _ = writeln!(
+            src,
+            "        long long c{d} = (i / {inner}LL) % {}LL;",
+            full[d]
+        );
+    }
+    // Loads.
+    for (k, off) in offsets.iter().enumerate() {
+        if vector == 4 {
+            let _ = writeln!(
+                src,
+                "        float4 v{k} = reinterpret_cast<const float4*>(in{k})[i];"
+            );
+        } else {
+            let _ = writeln!(src, "        float v{k} = in{k}[{off}];");
+        }
+    }
+    let mut results = Vec::new();
+    for lane in &lanes {
+        let suffix = if lane.is_empty() {
+            String::new()
+        } else {
+            format!("_{lane}")
+        };
+        let mut names: HashMap<TensorRef, String> = HashMap::new();
+        for (k, &t) in inputs.iter().enumerate() {
+            names.insert(
+                t,
+                if lane.is_empty() {
+                    format!("v{k}")
+                } else {
+                    format!("v{k}.{lane}")
+                },
+            );
+        }
+        for &n in &region {
+            let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
+            let expr = match &g.node(n).op {
+                Op::Unary(u) => unary(u, &ins[0])?,
+                Op::Binary(b) => binary(*b, &ins[0], &ins[1])?,
+                Op::Scalar {
+                    op,
+                    value,
+                    scalar_first,
+                } => {
+                    let c = lit(*value)?;
+                    if *scalar_first {
+                        binary(*op, &c, &ins[0])?
+                    } else {
+                        binary(*op, &ins[0], &c)?
+                    }
+                }
+                _ => unreachable!("checked above"),
+            };
+            let var = format!("t{}{suffix}", n.index());
+            let _ = writeln!(src, "        float {var} = {expr};");
+            names.insert(TensorRef::first(n), var);
+        }
+        results.push(names);
+    }
+    for (k, &t) in outputs.iter().enumerate() {
+        if vector == 4 {
+            let parts: Vec<&str> = results.iter().map(|r| r[&t].as_str()).collect();
+            let _ = writeln!(
+                src,
+                "        reinterpret_cast<float4*>(out{k})[i] = make_float4({});",
+                parts.join(", ")
+            );
+        } else {
+            let _ = writeln!(src, "        out{k}[i] = {};", results[0][&t]);
+        }
+    }
+    src.push_str("    }\n}\n");
+    let items = numel.div_ceil(u64::from(vector));
+    let grid = items.div_ceil(u64::from(block)).clamp(1, WAVES) as u32;
+    Ok(Fragment {
+        name: name.to_string(),
+        action: action.clone(),
+        source: src,
+        inputs,
+        outputs,
+        region,
+        launch: Launch {
+            grid,
+            block,
+            elements: numel,
+        },
+    })
+}

@@ -1,0 +1,279 @@
+//! The pointwise family: every op it knows compiles with real NVRTC for
+//! sm_90 (scripts/test installs NVRTC), fused chains with broadcasting
+//! become one kernel, a fragment that does not compile is rolled back, and
+//! a program renders to a launch plan that fits its graph.
+
+use mtmc_actions::DType;
+use mtmc_actions::graph::OpGraph;
+use mtmc_actions::intent::{Bindings, compile, parse_shapes};
+use mtmc_coder::MicroCoder;
+use mtmc_coder::action::{Action, ActionKind, Params};
+use mtmc_coder::program::{Fragment, Program};
+use mtmc_coder::render::to_cuda_program;
+use mtmc_coder::session::{Session, Stage};
+use mtmc_coder::template::{Refusal, TemplateCoder};
+use mtmc_env::nvrtc::{Arch, CompileUnit};
+
+fn graph(src: &str, shapes: &str) -> OpGraph {
+    let b = Bindings {
+        shapes: parse_shapes(shapes).unwrap(),
+        dtype: Some(DType::F32),
+    };
+    compile(src, &b).unwrap()
+}
+
+/// Every computing node of the graph, as one fused region.
+fn fuse_all(g: &OpGraph, params: Params) -> Action {
+    Action {
+        kind: ActionKind::Fuse,
+        region: g
+            .nodes()
+            .filter(|(_, n)| !n.op.is_source())
+            .map(|(id, _)| id.index() as u32)
+            .collect(),
+        params,
+    }
+}
+
+#[track_caller]
+fn compiles(f: &Fragment) {
+    let r = mtmc_env::nvrtc::compile(
+        &CompileUnit {
+            name: format!("{}.cu", f.name),
+            source: f.source.clone(),
+        },
+        Arch::SM90,
+    )
+    .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
+    assert!(r.ok, "{}\n{}", r.log, f.source);
+    assert_eq!(r.kernels.len(), 1);
+    assert_eq!(r.kernels[0].name, f.name);
+}
+
+#[test]
+fn every_pointwise_function_compiles() {
+    let functions = [
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "gelu",
+        "gelu_tanh",
+        "sigmoid",
+        "tanh",
+        "silu",
+        "mish",
+        "hardswish",
+        "hardsigmoid",
+        "hardtanh",
+        "softplus",
+        "softsign",
+        "elu",
+        "selu",
+        "exp",
+        "log",
+        "abs",
+        "neg",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "erf",
+        "sin",
+        "cos",
+    ];
+    let chain: Vec<String> = functions.iter().map(|f| format!("{f}(")).collect();
+    let src = format!("y = {}x{}", chain.concat(), ")".repeat(functions.len()));
+    let g = graph(&src, "x=1000");
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &fuse_all(&g, Params::default()))
+        .unwrap();
+    compiles(&f);
+    assert_eq!(f.region.len(), functions.len());
+    assert_eq!(f.launch.elements, 1000);
+}
+
+#[test]
+fn a_chain_with_broadcasting_is_one_kernel_reading_each_input_once() {
+    let g = graph(
+        "y = gelu(x * s + b) - c ** 2 + clamp(x, min=-0.5, max=0.5)",
+        "x=64x128,s=128,b=1,c=64x1",
+    );
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &fuse_all(&g, Params::default()))
+        .unwrap();
+    compiles(&f);
+    assert_eq!(f.inputs.len(), 4, "x, s, b, c");
+    assert_eq!(f.outputs.len(), 1);
+    // s varies along the last dim, c along the first: both coordinates.
+    assert!(
+        f.source.contains("long long c0 = (i / 128LL) % 64LL;"),
+        "{}",
+        f.source
+    );
+    assert!(
+        f.source.contains("long long c1 = (i / 1LL) % 128LL;"),
+        "{}",
+        f.source
+    );
+}
+
+#[test]
+fn float4_where_every_input_has_the_output_shape() {
+    let g = graph("y = silu(a) * b", "a=4096,b=4096");
+    let f = TemplateCoder
+        .realize(
+            &Program::default(),
+            &g,
+            &fuse_all(
+                &g,
+                Params {
+                    block: 128,
+                    vector: 4,
+                },
+            ),
+        )
+        .unwrap();
+    compiles(&f);
+    assert!(f.source.contains("reinterpret_cast<const float4*>(in0)[i]"));
+    assert_eq!((f.launch.block, f.launch.grid), (128, 8));
+    let g = graph("y = a * b", "a=4096,b=1");
+    let e = TemplateCoder
+        .realize(
+            &Program::default(),
+            &g,
+            &fuse_all(
+                &g,
+                Params {
+                    block: 128,
+                    vector: 4,
+                },
+            ),
+        )
+        .unwrap_err();
+    assert!(
+        e.0.contains("float4 needs every input at the output's shape"),
+        "{e}"
+    );
+}
+
+#[test]
+fn what_the_family_cannot_write_is_refused_with_the_reason() {
+    let g = graph("y = softmax(x, dim=1)", "x=4x8");
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &fuse_all(&g, Params::default()))
+        .unwrap_err();
+    assert!(
+        e.0.contains("is not a pointwise op this template writes"),
+        "{e}"
+    );
+    let g = graph("y = relu(x)", "x=16");
+    let bad = Action {
+        kind: ActionKind::Fuse,
+        region: fuse_all(&g, Params::default()).region,
+        params: Params {
+            block: 100,
+            vector: 1,
+        },
+    };
+    assert!(
+        TemplateCoder
+            .realize(&Program::default(), &g, &bad)
+            .unwrap_err()
+            .0
+            .contains("block 100")
+    );
+}
+
+/// Writes a fragment that does not compile.
+struct Broken;
+
+impl MicroCoder for Broken {
+    fn realize(&self, p: &Program, g: &OpGraph, a: &Action) -> Result<Fragment, Refusal> {
+        let mut f = TemplateCoder.realize(p, g, a)?;
+        f.source = f.source.replace("fmaxf", "fmaxx");
+        Ok(f)
+    }
+}
+
+#[test]
+fn a_fragment_that_does_not_compile_is_rolled_back_with_its_log() {
+    let g = graph("y = relu(x) * 2.0", "x=1024");
+    let action = fuse_all(&g, Params::default());
+    let mut s = Session::new(&g, Broken, Arch::SM90);
+    let f = s.propose(&action).unwrap_err();
+    assert_eq!(f.stage, Stage::Compile);
+    assert!(
+        f.log.contains("identifier \"fmaxx\" is undefined"),
+        "{}",
+        f.log
+    );
+    assert!(f.fragment.unwrap().contains("fmaxx"));
+    assert!(
+        s.good().fragments.is_empty(),
+        "the good program is unchanged"
+    );
+    assert_eq!(s.failures.len(), 1);
+
+    let mut s = Session::new(&g, TemplateCoder, Arch::SM90);
+    let p = s.propose(&action).unwrap();
+    s.accept(p.clone());
+    // A step the evaluator finds wrong goes back to the last good program.
+    let retile = Action {
+        kind: ActionKind::Retile,
+        params: Params {
+            block: 512,
+            vector: 4,
+        },
+        ..action.clone()
+    };
+    let worse = s.propose(&retile).unwrap();
+    s.reject(&retile, &worse, "incorrect: values differ");
+    assert_eq!(s.good(), &p);
+    assert_eq!(s.failures[0].stage, Stage::Outcome);
+    assert_eq!(
+        worse.fragments.len(),
+        1,
+        "a retile replaces the kernel, it does not add one"
+    );
+    assert_eq!(worse.fragments[0].name, p.fragments[0].name);
+}
+
+#[test]
+fn split_fragments_render_to_a_plan_that_fits_the_graph() {
+    let g = graph("h = gelu(x + b)\ny = h * h", "x=256x64,b=64");
+    let ids: Vec<u32> = g
+        .nodes()
+        .filter(|(_, n)| !n.op.is_source())
+        .map(|(id, _)| id.index() as u32)
+        .collect();
+    let (first, second) = ids.split_at(2);
+    let mut s = Session::new(&g, TemplateCoder, Arch::SM90);
+    // Second half first: the program orders fragments by what they read.
+    for region in [second, first] {
+        let a = Action {
+            kind: ActionKind::Fuse,
+            region: region.to_vec(),
+            params: Params::default(),
+        };
+        let p = s.propose(&a).unwrap();
+        s.accept(p);
+    }
+    let program = s.good();
+    assert_eq!(program.fragments.len(), 2);
+    assert_eq!(
+        program.fragments[0].region.len(),
+        2,
+        "gelu(x + b) runs first"
+    );
+    let cuda = to_cuda_program(&g, program).unwrap();
+    cuda.check(&g).unwrap();
+    assert_eq!(cuda.launches.len(), 2);
+    assert!(
+        cuda.buffers.iter().any(|b| b.bytes == Some(256 * 64 * 4)),
+        "h is scratch"
+    );
+    assert!(
+        to_cuda_program(&g, &Program::default())
+            .unwrap_err()
+            .starts_with("no fragment computes")
+    );
+}
