@@ -122,16 +122,17 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
-    /// Write kernels for an intent with the template coder and a small
-    /// built-in search (today: intents made of pointwise ops, fused into
-    /// one kernel; launch variants judged on the GPU, or compiled only).
+    /// Write kernels with the template coder and a small built-in search.
+    /// Today: pointwise chains fused into kernels, with matmuls and
+    /// convolutions as library calls; launch variants judged on the GPU (an
+    /// intent natively, a KernelBench problem as an exported ModelNew by
+    /// the worker), or compiled only without a GPU.
     Optimize {
+        /// A problem: `L2/12`, `L1/19_ReLU` or a file name.
+        #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
+        problem: Option<String>,
         /// An intent program, e.g. "y = gelu(x * s + b)".
-        #[arg(
-            long,
-            required_unless_present = "intent_file",
-            conflicts_with = "intent_file"
-        )]
+        #[arg(long, conflicts_with = "intent_file")]
         intent: Option<String>,
         /// A file holding an intent program.
         #[arg(long, value_name = "FILE")]
@@ -278,6 +279,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             )
         }
         Command::Optimize {
+            problem,
             intent,
             intent_file,
             shape,
@@ -285,16 +287,11 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             out: out_dir,
             timeout,
         } => {
-            let cmd::show::Subject::Intent { text, bindings, .. } =
-                subject(kb, None, intent, intent_file, shape, &dtype)?
-            else {
-                unreachable!("no problem name was given")
-            };
+            let subject = subject(kb, problem.as_deref(), intent, intent_file, shape, &dtype)?;
             cmd::optimize::run(
                 out,
                 cmd::optimize::Request {
-                    text,
-                    bindings,
+                    subject,
                     out_dir: &out_dir,
                     timeout: std::time::Duration::from_secs(timeout),
                 },

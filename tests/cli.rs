@@ -653,3 +653,47 @@ fn optimize_writes_a_program_for_a_pointwise_intent_or_says_what_it_lacks() {
         out.error
     );
 }
+
+#[test]
+fn optimize_exports_a_model_new_python_can_parse_for_level_1_and_2_problems() {
+    if !nvrtc_expected() {
+        return;
+    }
+    for problem in ["L1/19", "L2/12", "L2/1"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = mtmc(&[
+            "optimize",
+            problem,
+            "--kernelbench",
+            &shared_jsonl(),
+            "--out",
+            dir.path().to_str().unwrap(),
+        ])
+        .success();
+        assert!(
+            out.stdout
+                .contains("judged by compile only (no GPU: nothing is run or timed)"),
+            "{}",
+            out.stdout
+        );
+        let file = dir.path().join("model_new.py");
+        let code = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            code.contains("class ModelNew(nn.Module):") && code.contains("_KERNELS["),
+            "{code}"
+        );
+        let parsed = std::process::Command::new("python3")
+            .args(["-c", "import ast, sys; ast.parse(open(sys.argv[1]).read())"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            parsed.status.success(),
+            "{problem}: {}",
+            String::from_utf8_lossy(&parsed.stderr)
+        );
+    }
+    // A family the coder lacks is named.
+    let out = mtmc(&["optimize", "L1/24", "--kernelbench", &shared_jsonl()]).failure();
+    assert!(out.error.contains("no family yet for"), "{}", out.error);
+}

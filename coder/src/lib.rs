@@ -6,10 +6,12 @@
 //! - [`program`]: fragments and the program they make;
 //! - [`template`]: the template coder (rules, no network);
 //! - [`session`]: a step at a time, with rollback to the last good program;
+//! - [`export`]: a program as a KernelBench `ModelNew` file;
 //! - [`render`]: a program as a CUDA program with its launch plan, for the
 //!   native evaluator.
 
 pub mod action;
+pub mod export;
 pub mod program;
 pub mod render;
 pub mod session;

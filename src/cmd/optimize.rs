@@ -22,10 +22,8 @@ use mtmc_env::worker::Protocol;
 
 /// What `mtmc optimize` was asked to do.
 pub struct Request<'a> {
-    /// The intent program.
-    pub text: String,
-    /// Its bindings.
-    pub bindings: mtmc_actions::intent::Bindings,
+    /// The problem or intent.
+    pub subject: crate::cmd::show::Subject<'a>,
     /// Where the generated code and report go.
     pub out_dir: &'a Path,
     /// Wall-clock limit per candidate.
@@ -54,15 +52,23 @@ const VARIANTS: [Params; 4] = [
 
 /// Runs the search and writes the best program.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
-    let g = mtmc_actions::intent::compile(&req.text, &req.bindings).context("in --intent")?;
+    let (text, bindings) = match &req.subject {
+        crate::cmd::show::Subject::Intent { text, bindings, .. } => {
+            (text.clone(), bindings.clone())
+        }
+        crate::cmd::show::Subject::Problem { kernelbench, name } => {
+            return run_problem(out, *kernelbench, name, req.out_dir, req.timeout);
+        }
+    };
+    let g = mtmc_actions::intent::compile(&text, &bindings).context("in --intent")?;
     let region = pointwise_region(&g)?;
     let problem = ProblemSource {
         name: "intent".into(),
         code: String::new(),
         graph: Some(GraphSource::Intent {
-            text: req.text.clone(),
-            shapes: req.bindings.shapes.clone(),
-            dtype: req.bindings.dtype,
+            text: text.clone(),
+            shapes: bindings.shapes.clone(),
+            dtype: bindings.dtype,
         }),
     };
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
@@ -160,7 +166,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     std::fs::create_dir_all(req.out_dir)
         .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
     let report =
-        serde_json::json!({"intent": req.text, "attempts": attempts, "failures": session.failures});
+        serde_json::json!({"intent": text, "attempts": attempts, "failures": session.failures});
     write(
         req.out_dir,
         "report.json",
@@ -231,4 +237,211 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, text).with_context(|| format!("cannot write `{}`", tmp.display()))?;
     std::fs::rename(&tmp, &path).with_context(|| format!("cannot write `{}`", path.display()))
+}
+
+/// The regions a KernelBench graph is cut into: connected pointwise chains
+/// (each a fused kernel); matmuls and convolutions stay library calls.
+fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
+    use mtmc_actions::op::OpClass;
+    let mut region_of: std::collections::HashMap<mtmc_actions::graph::NodeId, usize> =
+        Default::default();
+    let mut regions: Vec<Vec<u32>> = Vec::new();
+    let mut other = Vec::new();
+    for (id, n) in g.nodes() {
+        if n.op.is_source() || mtmc_coder::export::library_op(&n.op) {
+            continue;
+        }
+        if n.op.class() != OpClass::Pointwise {
+            other.push(format!("{} ({})", n.name, n.op));
+            continue;
+        }
+        // Join the region of a pointwise producer when this node is its only
+        // reader, so that chains fuse and branches stay apart.
+        let joined = g.inputs(id).iter().find_map(|t| {
+            let r = *region_of.get(&t.node)?;
+            (g.consumers(t.node).len() == 1).then_some(r)
+        });
+        let r = joined.unwrap_or_else(|| {
+            regions.push(Vec::new());
+            regions.len() - 1
+        });
+        regions[r].push(id.index() as u32);
+        region_of.insert(id, r);
+    }
+    if !other.is_empty() {
+        bail!(
+            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, with matmuls and convolutions as library calls",
+            other.join(", ")
+        );
+    }
+    if regions.is_empty() {
+        bail!("nothing here for a kernel: every op is a library call");
+    }
+    Ok(regions)
+}
+
+/// A KernelBench problem: fragments for its pointwise chains, the rest as
+/// torch calls, exported as `ModelNew` and judged by the worker.
+fn run_problem(
+    out: &mut dyn std::io::Write,
+    kernelbench: Option<&Path>,
+    name: &str,
+    out_dir: &Path,
+    timeout: Duration,
+) -> Result<()> {
+    use mtmc_env::evaluator::{WorkerEvaluator, WorkerSettings};
+    use mtmc_env::worker::WorkerSlot;
+    let problems = crate::source::Problems::load(kernelbench)?;
+    let p = problems.find(name)?;
+    if p.code.is_empty() {
+        bail!(
+            "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+        );
+    }
+    let traced = problems.graphs(&[p])?.remove(0);
+    let g = traced
+        .graph
+        .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
+    let regions = problem_regions(&g)?;
+    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let library = g
+        .nodes()
+        .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
+        .count();
+    writeln!(
+        out,
+        "{p}: {} fused kernel(s) for {} pointwise op(s), {library} library call(s); {} variants, judged {}",
+        regions.len(),
+        regions.iter().map(Vec::len).sum::<usize>(),
+        VARIANTS.len(),
+        if gpu {
+            "by the worker against the PyTorch model"
+        } else {
+            "by compile only (no GPU: nothing is run or timed)"
+        }
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let settings = WorkerSettings {
+        baselines: vec!["eager".into(), "compile".into()],
+        baseline_cache: crate::source::cache_dir().map(|d| d.join("baselines")),
+        limit: timeout,
+        ..WorkerSettings::default()
+    };
+    let mut worker = WorkerEvaluator::new(WorkerSlot::new(None), settings);
+    let problem = ProblemSource {
+        name: format!("{}.py", p.name),
+        code: p.code.clone(),
+        graph: None,
+    };
+    let specs = builtin_devices();
+    let mut attempts = Vec::new();
+    let mut best: Option<(f64, String, Params)> = None;
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
+    for params in VARIANTS {
+        let label = format!("block={} vector={}", params.block, params.vector);
+        let mut session = Session::new(&g, TemplateCoder, Arch::SM90);
+        let mut failed = None;
+        for region in &regions {
+            let action = Action {
+                kind: if region.len() == 1 {
+                    ActionKind::CustomKernel
+                } else {
+                    ActionKind::Fuse
+                },
+                region: region.clone(),
+                params,
+            };
+            match session.propose(&action) {
+                Ok(next) => session.accept(next),
+                Err(f) => {
+                    failed = Some(f.log.lines().next().unwrap_or("").to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(why) = failed {
+            writeln!(out, "  {label}: rolled back: {why}")?;
+            attempts.push(serde_json::json!({"params": params, "failures": session.failures}));
+            continue;
+        }
+        let code = mtmc_coder::export::to_model_new(&g, session.good(), &p.code)
+            .map_err(anyhow::Error::msg)?;
+        if !gpu {
+            writeln!(out, "  {label}: compiled, not run")?;
+            if best.is_none() {
+                best = Some((f64::INFINITY, code.clone(), params));
+            }
+            attempts.push(serde_json::json!({"params": params, "compiled_only": true}));
+            continue;
+        }
+        let candidate = Candidate::Python {
+            name: format!("model_new {label}"),
+            code: code.clone(),
+        };
+        let mut o = runtime.block_on(worker.evaluate(&problem, &candidate))?;
+        if let Some(spec) = find_device(&specs, o.device.as_deref().unwrap_or("")) {
+            o.add_roofline(&g, spec, MathMode::default());
+        }
+        match (o.status, &o.runtime) {
+            (Status::Correct, Some(rt)) => {
+                let vs = |b: &str| {
+                    o.speedup_vs(b)
+                        .map_or("-".to_string(), |s| format!("{s:.3}x"))
+                };
+                writeln!(
+                    out,
+                    "  {label}: correct, {:.4} ms; vs eager {}, vs torch.compile {}",
+                    rt.mean_ms,
+                    vs("eager"),
+                    vs("compile")
+                )?;
+                if best.as_ref().is_none_or(|(ms, _, _)| rt.mean_ms < *ms) {
+                    best = Some((rt.mean_ms, code.clone(), params));
+                }
+            }
+            (status, _) => {
+                let why = o.why.clone().or(o.error.clone()).unwrap_or_default();
+                writeln!(
+                    out,
+                    "  {label}: {}, rolled back: {}",
+                    status.name(),
+                    why.lines().next().unwrap_or("")
+                )?;
+            }
+        }
+        attempts.push(serde_json::json!({"params": params, "outcome": o}));
+    }
+    let report = serde_json::json!({"problem": p.full_name(), "attempts": attempts});
+    write(
+        out_dir,
+        "report.json",
+        &(serde_json::to_string_pretty(&report)? + "\n"),
+    )?;
+    let Some((ms, code, params)) = best else {
+        bail!(
+            "no variant was correct; the attempts are in {}",
+            out_dir.join("report.json").display()
+        );
+    };
+    write(out_dir, "model_new.py", &code)?;
+    if ms.is_finite() {
+        writeln!(
+            out,
+            "best: block={} vector={}, {ms:.4} ms; wrote model_new.py and report.json to {}",
+            params.block,
+            params.vector,
+            out_dir.display()
+        )?;
+    } else {
+        writeln!(
+            out,
+            "nothing was run or timed (no GPU); wrote the first variant that compiled to {}",
+            out_dir.display()
+        )?;
+    }
+    Ok(())
 }
