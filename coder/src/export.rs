@@ -163,7 +163,7 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                     args.push(format!("_ptr({v})"));
                     var.insert(*out, v);
                 }
-                args.push(format!("cp.int64({})", f.launch.elements));
+                args.extend(f.launch.sizes.iter().map(|n| format!("cp.int64({n})")));
                 let _ = writeln!(
                     body,
                     "        _KERNELS[{:?}](({},), ({},), ({},))",

@@ -8,16 +8,16 @@ use serde::Serialize;
 
 use crate::action::Action;
 
-/// How a fragment is launched: a 1-D grid-stride loop over `items`
-/// (elements, or vectors of `vector` elements).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// How a fragment is launched: a 1-D grid of 1-D blocks, and the integer
+/// arguments that follow the kernel's pointers (sizes, as `long long`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Launch {
     /// Blocks.
     pub grid: u32,
     /// Threads per block.
     pub block: u32,
-    /// Elements the kernel's `n` argument counts.
-    pub elements: u64,
+    /// The sizes passed after the pointers, in order.
+    pub sizes: Vec<i64>,
 }
 
 /// One piece of a program: the code for one region of the graph.
@@ -30,7 +30,7 @@ pub struct Fragment {
     /// CUDA C++ defining one `extern "C" __global__` kernel called `name`.
     pub source: String,
     /// The tensors it reads, in argument order (after them come its
-    /// outputs, then `long long n`).
+    /// outputs, then the launch's sizes).
     #[serde(skip)]
     pub inputs: Vec<TensorRef>,
     /// The tensors it writes, in argument order.

@@ -75,7 +75,7 @@ pub fn to_cuda_program(g: &OpGraph, p: &Program) -> Result<CudaProgram, String> 
             })?;
             args.push(Arg::Buffer(b.clone()));
         }
-        args.push(Arg::I64(f.launch.elements as i64));
+        args.extend(f.launch.sizes.iter().map(|&n| Arg::I64(n)));
         launches.push(Launch {
             kernel: f.name.clone(),
             grid: [f.launch.grid, 1, 1],

@@ -61,7 +61,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         }
     };
     let g = mtmc_actions::intent::compile(&text, &bindings).context("in --intent")?;
-    let region = pointwise_region(&g)?;
+    let regions = problem_regions(&g)?;
     let problem = ProblemSource {
         name: "intent".into(),
         code: String::new(),
@@ -85,8 +85,9 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     };
     writeln!(
         out,
-        "intent: {} pointwise op(s) fused into one kernel; {} launch variants, judged {}",
-        region.len(),
+        "intent: {} kernel(s) for {} op(s); {} launch variants, judged {}",
+        regions.len(),
+        regions.iter().map(Vec::len).sum::<usize>(),
         VARIANTS.len(),
         if gpu {
             "on the GPU against the f64 reference"
@@ -94,31 +95,23 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             "by compile only (no GPU: nothing is run or timed)"
         }
     )?;
-    let mut session = Session::new(&g, TemplateCoder, Arch::SM90);
     let specs = builtin_devices();
     let mut attempts = Vec::new();
+    let mut failures = Vec::new();
     let mut best: Option<(f64, mtmc_coder::program::Program, Params)> = None;
     for params in VARIANTS {
-        let action = Action {
-            kind: ActionKind::Fuse,
-            region: region.clone(),
-            params,
-        };
-        let label = format!("fuse block={} vector={}", params.block, params.vector);
-        let proposed = match session.propose(&action) {
+        let label = format!("block={} vector={}", params.block, params.vector);
+        let proposed = match build(&g, &regions, params) {
             Ok(p) => p,
             Err(f) => {
-                let stage = match f.stage {
-                    mtmc_coder::session::Stage::Refused => "refused",
-                    mtmc_coder::session::Stage::Compile => "does not compile",
-                    mtmc_coder::session::Stage::Outcome => "wrong",
-                };
                 writeln!(
                     out,
-                    "  {label}: {stage}, rolled back: {}",
+                    "  {label}: {}, rolled back: {}",
+                    stage_name(&f),
                     f.log.lines().next().unwrap_or("")
                 )?;
-                attempts.push(serde_json::json!({"action": action, "failure": f}));
+                attempts.push(serde_json::json!({"params": params, "failure": f}));
+                failures.push(f);
                 continue;
             }
         };
@@ -158,15 +151,19 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             (status, _) => {
                 let why = o.why.clone().or(o.error.clone()).unwrap_or_default();
                 writeln!(out, "  {label}: {}, rolled back: {why}", status.name())?;
-                session.reject(&action, &proposed, format!("{}: {why}", status.name()));
+                failures.push(mtmc_coder::session::Failure {
+                    action: proposed.fragments[0].action.clone(),
+                    stage: mtmc_coder::session::Stage::Outcome,
+                    fragment: None,
+                    log: format!("{}: {why}", status.name()),
+                });
             }
         }
-        attempts.push(serde_json::json!({"action": action, "outcome": o}));
+        attempts.push(serde_json::json!({"params": params, "outcome": o}));
     }
     std::fs::create_dir_all(req.out_dir)
         .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
-    let report =
-        serde_json::json!({"intent": text, "attempts": attempts, "failures": session.failures});
+    let report = serde_json::json!({"intent": text, "attempts": attempts, "failures": failures});
     write(
         req.out_dir,
         "report.json",
@@ -178,8 +175,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             req.out_dir.join("report.json").display()
         );
     };
-    session.accept(program);
-    let cuda = to_cuda_program(&g, session.good()).map_err(anyhow::Error::msg)?;
+    let cuda = to_cuda_program(&g, &program).map_err(anyhow::Error::msg)?;
     write(req.out_dir, "program.cu", &cuda.source)?;
     write(
         req.out_dir,
@@ -206,30 +202,52 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Every computing node, when all are pointwise; else what is not.
-fn pointwise_region(g: &OpGraph) -> Result<Vec<u32>> {
-    let mut region = Vec::new();
-    let mut other = Vec::new();
-    for (id, n) in g.nodes() {
-        if n.op.is_source() {
-            continue;
-        }
-        if n.op.class() == mtmc_actions::op::OpClass::Pointwise {
-            region.push(id.index() as u32);
-        } else {
-            other.push(format!("{} ({})", n.name, n.op));
-        }
+/// The program with one fragment per region at `params` (row kernels read
+/// one element per thread), or the first failure.
+fn build(
+    g: &OpGraph,
+    regions: &[Vec<u32>],
+    params: Params,
+) -> std::result::Result<mtmc_coder::program::Program, mtmc_coder::session::Failure> {
+    let mut session = Session::new(g, TemplateCoder, Arch::SM90);
+    for region in regions {
+        let single_row_op = match &region[..] {
+            [n] => matches!(
+                g.node(mtmc_actions::graph::NodeId::new(*n as usize))
+                    .op
+                    .class(),
+                mtmc_actions::op::OpClass::Reduction | mtmc_actions::op::OpClass::Softmax
+            ),
+            _ => false,
+        };
+        let action = Action {
+            kind: if region.len() == 1 {
+                ActionKind::CustomKernel
+            } else {
+                ActionKind::Fuse
+            },
+            region: region.clone(),
+            params: if single_row_op {
+                Params {
+                    vector: 1,
+                    ..params
+                }
+            } else {
+                params
+            },
+        };
+        let next = session.propose(&action)?;
+        session.accept(next);
     }
-    if !other.is_empty() {
-        bail!(
-            "the template coder has no family yet for {}; today `optimize` covers intents made of pointwise ops",
-            other.join(", ")
-        );
+    Ok(session.good().clone())
+}
+
+fn stage_name(f: &mtmc_coder::session::Failure) -> &'static str {
+    match f.stage {
+        mtmc_coder::session::Stage::Refused => "refused",
+        mtmc_coder::session::Stage::Compile => "does not compile",
+        mtmc_coder::session::Stage::Outcome => "wrong",
     }
-    if region.is_empty() {
-        bail!("the intent computes nothing");
-    }
-    Ok(region)
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
@@ -251,6 +269,12 @@ fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
         if n.op.is_source() || mtmc_coder::export::library_op(&n.op) {
             continue;
         }
+        if matches!(n.op.class(), OpClass::Reduction | OpClass::Softmax) {
+            // One row kernel each.
+            regions.push(vec![id.index() as u32]);
+            region_of.insert(id, usize::MAX);
+            continue;
+        }
         if n.op.class() != OpClass::Pointwise {
             other.push(format!("{} ({})", n.name, n.op));
             continue;
@@ -259,7 +283,7 @@ fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
         // reader, so that chains fuse and branches stay apart.
         let joined = g.inputs(id).iter().find_map(|t| {
             let r = *region_of.get(&t.node)?;
-            (g.consumers(t.node).len() == 1).then_some(r)
+            (r != usize::MAX && g.consumers(t.node).len() == 1).then_some(r)
         });
         let r = joined.unwrap_or_else(|| {
             regions.push(Vec::new());
@@ -270,7 +294,7 @@ fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
     }
     if !other.is_empty() {
         bail!(
-            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, with matmuls and convolutions as library calls",
+            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions and softmax, with matmuls and convolutions as library calls",
             other.join(", ")
         );
     }
@@ -310,7 +334,7 @@ fn run_problem(
         .count();
     writeln!(
         out,
-        "{p}: {} fused kernel(s) for {} pointwise op(s), {library} library call(s); {} variants, judged {}",
+        "{p}: {} kernel(s) for {} op(s), {library} library call(s); {} variants, judged {}",
         regions.len(),
         regions.iter().map(Vec::len).sum::<usize>(),
         VARIANTS.len(),
@@ -343,33 +367,21 @@ fn run_problem(
         .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
     for params in VARIANTS {
         let label = format!("block={} vector={}", params.block, params.vector);
-        let mut session = Session::new(&g, TemplateCoder, Arch::SM90);
-        let mut failed = None;
-        for region in &regions {
-            let action = Action {
-                kind: if region.len() == 1 {
-                    ActionKind::CustomKernel
-                } else {
-                    ActionKind::Fuse
-                },
-                region: region.clone(),
-                params,
-            };
-            match session.propose(&action) {
-                Ok(next) => session.accept(next),
-                Err(f) => {
-                    failed = Some(f.log.lines().next().unwrap_or("").to_string());
-                    break;
-                }
+        let program = match build(&g, &regions, params) {
+            Ok(p) => p,
+            Err(f) => {
+                writeln!(
+                    out,
+                    "  {label}: {}, rolled back: {}",
+                    stage_name(&f),
+                    f.log.lines().next().unwrap_or("")
+                )?;
+                attempts.push(serde_json::json!({"params": params, "failure": f}));
+                continue;
             }
-        }
-        if let Some(why) = failed {
-            writeln!(out, "  {label}: rolled back: {why}")?;
-            attempts.push(serde_json::json!({"params": params, "failures": session.failures}));
-            continue;
-        }
-        let code = mtmc_coder::export::to_model_new(&g, session.good(), &p.code)
-            .map_err(anyhow::Error::msg)?;
+        };
+        let code =
+            mtmc_coder::export::to_model_new(&g, &program, &p.code).map_err(anyhow::Error::msg)?;
         if !gpu {
             writeln!(out, "  {label}: compiled, not run")?;
             if best.is_none() {

@@ -1,9 +1,11 @@
 //! The template coder: fragments from rules, no LLM, no network.
 //!
-//! Families so far: pointwise chains with broadcasting (CUDA). Each family
-//! refuses, with the reason, what it cannot write.
+//! Families so far (CUDA): pointwise chains with broadcasting, and
+//! reductions and softmax over a run of adjacent dims. Each family refuses,
+//! with the reason, what it cannot write.
 
 mod pointwise;
+mod rows;
 
 use mtmc_actions::graph::OpGraph;
 
@@ -34,7 +36,15 @@ impl MicroCoder for TemplateCoder {
         g: &OpGraph,
         action: &Action,
     ) -> Result<Fragment, Refusal> {
-        let name = format!("k{}_pointwise", program.fragments.len());
+        let rows = match &action.nodes()[..] {
+            [n] => matches!(
+                g.node(*n).op,
+                mtmc_actions::op::Op::Reduce(_) | mtmc_actions::op::Op::Softmax { .. }
+            ),
+            _ => false,
+        };
+        let family = if rows { "rows" } else { "pointwise" };
+        let name = format!("k{}_{family}", program.fragments.len());
         match action.kind {
             ActionKind::CustomKernel
             | ActionKind::Fuse
@@ -56,7 +66,11 @@ impl MicroCoder for TemplateCoder {
                         .ok_or_else(|| Refusal::new("no kernel covers this region yet"))?,
                     _ => name,
                 };
-                pointwise::generate(g, action, &name)
+                if rows {
+                    rows::generate(g, action, &name)
+                } else {
+                    pointwise::generate(g, action, &name)
+                }
             }
             ActionKind::CallLibrary => Err(Refusal::new(
                 "library calls are kept as torch ops in the ModelNew export, not as fragments",

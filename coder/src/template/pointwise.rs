@@ -367,7 +367,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         launch: Launch {
             grid,
             block,
-            elements: numel,
+            sizes: vec![numel as i64],
         },
     })
 }

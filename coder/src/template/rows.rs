@@ -1,0 +1,267 @@
+//! Reductions and softmax over a run of adjacent dims: the input is seen
+//! as `[outer, K, inner]` with `K` the product of the reduced dims.
+//!
+//! - `inner == 1` (the reduced dims are the trailing ones): one block per
+//!   row, each thread striding over the row, then a warp-shuffle and
+//!   shared-memory block reduction; softmax makes one pass for the maximum,
+//!   one for the sum, one to write.
+//! - `inner > 1`: one thread per output element, looping over `K` with
+//!   stride `inner`, so that neighbouring threads read neighbouring
+//!   addresses.
+
+use std::fmt::Write as _;
+
+use mtmc_actions::DType;
+use mtmc_actions::graph::{OpGraph, TensorRef};
+use mtmc_actions::op::{Op, Reduce, ReduceOp};
+
+use super::Refusal;
+use crate::action::Action;
+use crate::program::{Fragment, Launch};
+
+/// Blocks the grid-stride loops are sized for.
+const WAVES: u64 = 132 * 8;
+
+/// What is computed over each row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    LogSumExp,
+    Norm2,
+    Softmax { log: bool },
+}
+
+impl Kind {
+    /// Identity, per-element map and combine for the one-pass reductions.
+    fn monoid(self) -> Option<(&'static str, &'static str, &'static str)> {
+        Some(match self {
+            Kind::Sum | Kind::Mean => ("0.0f", "v", "a + b"),
+            Kind::Norm2 => ("0.0f", "v * v", "a + b"),
+            Kind::Max => ("__int_as_float(0xff800000)", "v", "fmaxf(a, b)"),
+            Kind::Min => ("__int_as_float(0x7f800000)", "v", "fminf(a, b)"),
+            Kind::LogSumExp | Kind::Softmax { .. } => return None,
+        })
+    }
+}
+
+/// The row view of a reduction over `dims` of `shape`: (outer, K, inner).
+fn row_view(shape: &[u64], dims: &[usize]) -> Result<(u64, u64, u64), Refusal> {
+    let mut dims = dims.to_vec();
+    dims.sort_unstable();
+    if dims.is_empty() {
+        dims = (0..shape.len()).collect();
+    }
+    if dims.windows(2).any(|w| w[1] != w[0] + 1) {
+        return Err(Refusal::new(
+            "the reduced dims are not adjacent: permute first",
+        ));
+    }
+    let (first, last) = (dims[0], dims[dims.len() - 1]);
+    let outer = shape[..first].iter().product();
+    let k = shape[first..=last].iter().product();
+    let inner = shape[last + 1..].iter().product();
+    Ok((outer, k, inner))
+}
+
+/// Block-wide combine of `acc` with `op` (a, b): warp shuffles, then one
+/// value per warp through shared memory. Every thread gets the result.
+fn block_reduce(src: &mut String, var: &str, op: &str, identity: &str) {
+    let _ = writeln!(
+        src,
+        "        for (int off = 16; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}"
+    );
+    let _ = writeln!(
+        src,
+        "        if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = {var};"
+    );
+    src.push_str("        __syncthreads();\n");
+    let _ = writeln!(
+        src,
+        "        {var} = threadIdx.x < (blockDim.x >> 5) ? shared[threadIdx.x] : {identity};"
+    );
+    let _ = writeln!(
+        src,
+        "        for (int off = 16; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}"
+    );
+    src.push_str("        __syncthreads();\n");
+}
+
+/// Generates the kernel for a single reduction or softmax node.
+pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
+    let [node] = action.nodes()[..] else {
+        return Err(Refusal::new("a reduction or softmax kernel covers one op"));
+    };
+    let n = g.node(node);
+    let input = g.inputs(node)[0];
+    let shape = g.tensor(input).shape.clone();
+    // max/min with indices: the values are computed when nothing reads
+    // the indices.
+    let indices_read = n.outputs.len() > 1
+        && (g.outputs().iter().any(|t| t.node == node && t.output > 0)
+            || g.consumers(node)
+                .iter()
+                .any(|&c| g.inputs(c).iter().any(|t| t.node == node && t.output > 0)));
+    if indices_read {
+        return Err(Refusal::new(format!(
+            "`{}`'s indices are read; no row kernel writes indices yet",
+            n.name
+        )));
+    }
+    if g.tensor(input).dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
+        return Err(Refusal::new(format!(
+            "`{}` is not float32 in and out",
+            n.name
+        )));
+    }
+    let (kind, dims) = match &n.op {
+        Op::Reduce(Reduce { op, dims, .. }) => {
+            let kind = match op {
+                ReduceOp::Sum => Kind::Sum,
+                ReduceOp::Mean => Kind::Mean,
+                ReduceOp::Max { .. } => Kind::Max,
+                ReduceOp::Min { .. } => Kind::Min,
+                ReduceOp::LogSumExp => Kind::LogSumExp,
+                ReduceOp::Norm { p } if *p == 2.0 => Kind::Norm2,
+                other => return Err(Refusal::new(format!("no row kernel yet for {other:?}"))),
+            };
+            (kind, dims.clone())
+        }
+        Op::Softmax { dim, log } => (Kind::Softmax { log: *log }, vec![*dim]),
+        other => {
+            return Err(Refusal::new(format!(
+                "`{}` ({other}) is not a reduction or softmax",
+                n.name
+            )));
+        }
+    };
+    let (outer, k, inner) = row_view(&shape, &dims)?;
+    if outer * inner < 132 && k > 1 << 20 {
+        return Err(Refusal::new(
+            "a reduction to fewer outputs than SMs needs a two-stage kernel (not written yet)",
+        ));
+    }
+    let block = action.params.block;
+    if ![64, 128, 256, 512, 1024].contains(&block) {
+        return Err(Refusal::new(format!(
+            "block {block} is not a power of two from 64 to 1024"
+        )));
+    }
+    if action.params.vector != 1 {
+        return Err(Refusal::new(
+            "the row kernels read one element per thread per trip",
+        ));
+    }
+    let finish = |acc: &str| match kind {
+        Kind::Mean => format!("{acc} / (float)K"),
+        Kind::Norm2 => format!("sqrtf({acc})"),
+        _ => acc.to_string(),
+    };
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {kind:?} over [{outer}, {k}, {inner}] (outer, reduced, inner)"
+    );
+    let (grid, sizes) = if inner == 1 {
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long rows, long long K) {{"
+        );
+        src.push_str("    __shared__ float shared[32];\n");
+        src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
+        src.push_str("        const float* xr = x + r * K;\n");
+        match kind.monoid() {
+            Some((identity, map, op)) => {
+                let _ = writeln!(src, "        float acc = {identity};");
+                let _ = writeln!(
+                    src,
+                    "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; float a = acc, b = {map}; acc = {op}; }}"
+                );
+                block_reduce(&mut src, "acc", op, identity);
+                let _ = writeln!(
+                    src,
+                    "        if (threadIdx.x == 0) y[r] = {};",
+                    finish("acc")
+                );
+            }
+            None => {
+                src.push_str("        float m = __int_as_float(0xff800000);\n");
+                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, xr[k]);\n");
+                block_reduce(&mut src, "m", "fmaxf(a, b)", "__int_as_float(0xff800000)");
+                src.push_str("        float s = 0.0f;\n");
+                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) s += expf(xr[k] - m);\n");
+                block_reduce(&mut src, "s", "a + b", "0.0f");
+                match kind {
+                    Kind::LogSumExp => src.push_str("        if (threadIdx.x == 0) y[r] = m + logf(s);\n"),
+                    Kind::Softmax { log: false } => src.push_str(
+                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = expf(xr[k] - m) / s;\n",
+                    ),
+                    _ => src.push_str(
+                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = xr[k] - m - logf(s);\n",
+                    ),
+                }
+            }
+        }
+        src.push_str("    }\n}\n");
+        (outer.clamp(1, WAVES * 2), vec![outer as i64, k as i64])
+    } else {
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long outer, long long K, long long inner) {{"
+        );
+        src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
+        src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
+        src.push_str("        long long o = idx / inner, i = idx % inner;\n");
+        src.push_str("        const float* base = x + o * K * inner + i;\n");
+        match kind.monoid() {
+            Some((identity, map, op)) => {
+                let _ = writeln!(src, "        float acc = {identity};");
+                let _ = writeln!(
+                    src,
+                    "        for (long long k = 0; k < K; ++k) {{ float v = base[k * inner]; float a = acc, b = {map}; acc = {op}; }}"
+                );
+                let _ = writeln!(src, "        y[idx] = {};", finish("acc"));
+            }
+            None => {
+                src.push_str("        float m = __int_as_float(0xff800000);\n");
+                src.push_str(
+                    "        for (long long k = 0; k < K; ++k) m = fmaxf(m, base[k * inner]);\n",
+                );
+                src.push_str("        float s = 0.0f;\n");
+                src.push_str(
+                    "        for (long long k = 0; k < K; ++k) s += expf(base[k * inner] - m);\n",
+                );
+                match kind {
+                    Kind::LogSumExp => src.push_str("        y[idx] = m + logf(s);\n"),
+                    Kind::Softmax { log: false } => src.push_str(
+                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = expf(base[k * inner] - m) / s;\n",
+                    ),
+                    _ => src.push_str(
+                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = base[k * inner] - m - logf(s);\n",
+                    ),
+                }
+            }
+        }
+        src.push_str("    }\n}\n");
+        let items = outer * inner;
+        (
+            items.div_ceil(u64::from(block)).clamp(1, WAVES),
+            vec![outer as i64, k as i64, inner as i64],
+        )
+    };
+    Ok(Fragment {
+        name: name.to_string(),
+        action: action.clone(),
+        source: src,
+        inputs: vec![input],
+        outputs: vec![TensorRef::first(node)],
+        region: vec![node],
+        launch: Launch {
+            grid: grid as u32,
+            block,
+            sizes,
+        },
+    })
+}

@@ -1,0 +1,88 @@
+//! The row family: reductions and softmax over a run of adjacent dims, both
+//! layouts (reduced dims trailing: a block per row; else a thread per
+//! output), compiled with real NVRTC.
+
+use mtmc_actions::DType;
+use mtmc_actions::graph::OpGraph;
+use mtmc_actions::intent::{Bindings, compile, parse_shapes};
+use mtmc_coder::MicroCoder;
+use mtmc_coder::action::{Action, ActionKind, Params};
+use mtmc_coder::program::Program;
+use mtmc_coder::template::TemplateCoder;
+use mtmc_env::nvrtc::{Arch, CompileUnit};
+
+fn graph(src: &str, shapes: &str) -> OpGraph {
+    let b = Bindings {
+        shapes: parse_shapes(shapes).unwrap(),
+        dtype: Some(DType::F32),
+    };
+    compile(src, &b).unwrap()
+}
+
+fn last_node(g: &OpGraph) -> Action {
+    Action {
+        kind: ActionKind::CustomKernel,
+        region: vec![g.outputs()[0].node.index() as u32],
+        params: Params::default(),
+    }
+}
+
+#[test]
+fn every_reduction_and_softmax_compiles_in_both_layouts() {
+    for op in [
+        "sum",
+        "mean",
+        "max",
+        "min",
+        "logsumexp",
+        "norm",
+        "softmax",
+        "log_softmax",
+    ] {
+        for (dim, layout, sizes) in [
+            (2, "rows", vec![64 * 32, 128]),
+            (1, "columns", vec![64, 32, 128]),
+        ] {
+            let g = graph(&format!("y = {op}(x, dim={dim})"), "x=64x32x128");
+            let f = TemplateCoder
+                .realize(&Program::default(), &g, &last_node(&g))
+                .unwrap();
+            let r = mtmc_env::nvrtc::compile(
+                &CompileUnit {
+                    name: "k.cu".into(),
+                    source: f.source.clone(),
+                },
+                Arch::SM90,
+            )
+            .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
+            assert!(r.ok, "{op} over {layout}:\n{}\n{}", r.log, f.source);
+            assert_eq!(f.launch.sizes, sizes, "{op} over {layout}");
+            assert!(f.name.ends_with("_rows"));
+        }
+    }
+}
+
+#[test]
+fn reductions_it_cannot_write_are_refused() {
+    let g = graph("y = argmax(x, dim=1)", "x=8x8");
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &last_node(&g))
+        .unwrap_err();
+    assert!(e.0.contains("is not float32 in and out"), "{e}");
+    let g = graph(
+        "x: [a=4, b=8, c=16]; y = sum(x, dim=a); z = sum(y, dim=1)",
+        "",
+    );
+    let action = Action {
+        kind: ActionKind::CustomKernel,
+        region: vec![g.outputs()[0].node.index() as u32],
+        params: Params {
+            block: 256,
+            vector: 4,
+        },
+    };
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap_err();
+    assert!(e.0.contains("one element per thread"), "{e}");
+}
