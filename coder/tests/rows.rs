@@ -86,3 +86,20 @@ fn reductions_it_cannot_write_are_refused() {
         .unwrap_err();
     assert!(e.0.contains("one element per thread"), "{e}");
 }
+
+#[test]
+fn every_warp_gets_the_block_result_that_softmax_uses() {
+    // Softmax scales every element by the row's maximum and sum, so every
+    // warp (not only warp 0) must read the whole block's result.
+    let g = graph("y = softmax(x, dim=1)", "x=64x1000");
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &last_node(&g))
+        .unwrap();
+    assert!(
+        f.source
+            .contains("(threadIdx.x & 31) < (blockDim.x >> 5) ? shared[threadIdx.x & 31]"),
+        "{}",
+        f.source
+    );
+    assert!(!f.source.contains("shared[threadIdx.x]"), "{}", f.source);
+}

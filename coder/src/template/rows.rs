@@ -66,8 +66,20 @@ fn row_view(shape: &[u64], dims: &[usize]) -> Result<(u64, u64, u64), Refusal> {
     Ok((outer, k, inner))
 }
 
+/// One accumulation step: sums are compensated (Kahan), so that a long
+/// sequential sum in fp32 stays within the tolerance of an exact one; max
+/// and min combine as they are. NVRTC without fast-math keeps the order.
+fn step(map: &str, op: &str) -> String {
+    if op == "a + b" {
+        format!("float y = ({map}) - c; float t = acc + y; c = (t - acc) - y; acc = t;")
+    } else {
+        format!("float a = acc, b = {map}; acc = {op};")
+    }
+}
+
 /// Block-wide combine of `acc` with `op` (a, b): warp shuffles, then one
-/// value per warp through shared memory. Every thread gets the result.
+/// value per warp through shared memory, which every warp then reduces
+/// again, so that every thread (not only warp 0) holds the result.
 fn block_reduce(src: &mut String, var: &str, op: &str, identity: &str) {
     let _ = writeln!(
         src,
@@ -80,7 +92,7 @@ fn block_reduce(src: &mut String, var: &str, op: &str, identity: &str) {
     src.push_str("        __syncthreads();\n");
     let _ = writeln!(
         src,
-        "        {var} = threadIdx.x < (blockDim.x >> 5) ? shared[threadIdx.x] : {identity};"
+        "        {var} = (threadIdx.x & 31) < (blockDim.x >> 5) ? shared[threadIdx.x & 31] : {identity};"
     );
     let _ = writeln!(
         src,
@@ -174,10 +186,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("        const float* xr = x + r * K;\n");
         match kind.monoid() {
             Some((identity, map, op)) => {
-                let _ = writeln!(src, "        float acc = {identity};");
+                let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
                 let _ = writeln!(
                     src,
-                    "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; float a = acc, b = {map}; acc = {op}; }}"
+                    "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; {} }}",
+                    step(map, op)
                 );
                 block_reduce(&mut src, "acc", op, identity);
                 let _ = writeln!(
@@ -191,7 +204,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, xr[k]);\n");
                 block_reduce(&mut src, "m", "fmaxf(a, b)", "__int_as_float(0xff800000)");
                 src.push_str("        float s = 0.0f;\n");
-                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) s += expf(xr[k] - m);\n");
+                src.push_str("        float c = 0.0f;\n");
+                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) { float y = expf(xr[k] - m) - c; float t = s + y; c = (t - s) - y; s = t; }\n");
                 block_reduce(&mut src, "s", "a + b", "0.0f");
                 match kind {
                     Kind::LogSumExp => src.push_str("        if (threadIdx.x == 0) y[r] = m + logf(s);\n"),
@@ -217,10 +231,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("        const float* base = x + o * K * inner + i;\n");
         match kind.monoid() {
             Some((identity, map, op)) => {
-                let _ = writeln!(src, "        float acc = {identity};");
+                let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
                 let _ = writeln!(
                     src,
-                    "        for (long long k = 0; k < K; ++k) {{ float v = base[k * inner]; float a = acc, b = {map}; acc = {op}; }}"
+                    "        for (long long k = 0; k < K; ++k) {{ float v = base[k * inner]; {} }}",
+                    step(map, op)
                 );
                 let _ = writeln!(src, "        y[idx] = {};", finish("acc"));
             }
@@ -231,7 +246,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 );
                 src.push_str("        float s = 0.0f;\n");
                 src.push_str(
-                    "        for (long long k = 0; k < K; ++k) s += expf(base[k * inner] - m);\n",
+                    "        float c = 0.0f;\n        for (long long k = 0; k < K; ++k) { float y = expf(base[k * inner] - m) - c; float t = s + y; c = (t - s) - y; s = t; }\n",
                 );
                 match kind {
                     Kind::LogSumExp => src.push_str("        y[idx] = m + logf(s);\n"),
