@@ -123,10 +123,11 @@ enum Command {
         json: Option<PathBuf>,
     },
     /// Write kernels with the template coder and a small built-in search.
-    /// Today: pointwise chains fused into kernels, with matmuls and
-    /// convolutions as library calls; launch variants judged on the GPU (an
-    /// intent natively, a KernelBench problem as an exported ModelNew by
-    /// the worker), or compiled only without a GPU.
+    /// Today: pointwise chains fused into kernels, reductions and softmax
+    /// as row kernels, matmuls and convolutions as library calls; launch
+    /// variants judged on the GPU (an intent natively, a KernelBench
+    /// problem as an exported ModelNew by the worker), or compiled only
+    /// without a GPU.
     Optimize {
         /// A problem: `L2/12`, `L1/19_ReLU` or a file name.
         #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
