@@ -228,15 +228,16 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         .iter()
         .map(|f| format!("{:?}", f.name))
         .collect();
-    let _ = writeln!(
-        py,
-        "_MODULE = cp.RawModule(code=_SOURCE, options=(\"--std=c++17\",)) if _SOURCE else None"
-    );
-    let _ = writeln!(
-        py,
-        "_KERNELS = {{name: _MODULE.get_function(name) for name in [{}]}}",
-        names.join(", ")
-    );
+    if p.fragments.is_empty() {
+        py.push_str("# Every op is a library call: no kernel to compile.\n_KERNELS = {}\n");
+    } else {
+        py.push_str("_MODULE = cp.RawModule(code=_SOURCE, options=(\"--std=c++17\",))\n");
+        let _ = writeln!(
+            py,
+            "_KERNELS = {{name: _MODULE.get_function(name) for name in [{}]}}",
+            names.join(", ")
+        );
+    }
     py.push_str("\n# The problem's Model, for its parameters only (built exactly as the\n# reference builds its own); its forward is never called.\n");
     let _ = writeln!(
         py,

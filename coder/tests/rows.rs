@@ -103,3 +103,60 @@ fn every_warp_gets_the_block_result_that_softmax_uses() {
     );
     assert!(!f.source.contains("shared[threadIdx.x]"), "{}", f.source);
 }
+
+/// The graph of a built-in KernelBench trace.
+fn traced(level: u64, name: &str) -> OpGraph {
+    let traces = include_str!("../../traces/kernelbench.jsonl");
+    let line = traces
+        .lines()
+        .find(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["level"] == level && v["name"] == name
+        })
+        .unwrap();
+    let t = mtmc_actions::import::parse_trace(line).unwrap();
+    mtmc_actions::import::import_trace(&t).unwrap().graph
+}
+
+#[test]
+fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
+    let cases = [
+        // nn.InstanceNorm2d has no scale or shift by default.
+        (traced(1, "34_InstanceNorm"), "(xr[k] - mean) * rstd;"),
+        (traced(1, "35_GroupNorm_"), "(r % 8LL)"),
+        (traced(1, "40_LayerNorm"), "w[k]"),
+        (
+            graph("y = rms_norm(x, g, dim=-1)", "x=16x256,g=256"),
+            "w[k]",
+        ),
+    ];
+    for (g, channel) in cases {
+        let node = g
+            .nodes()
+            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_)))
+            .unwrap()
+            .0;
+        let action = Action {
+            kind: ActionKind::CustomKernel,
+            region: vec![node.index() as u32],
+            params: Params::default(),
+        };
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        let r = mtmc_env::nvrtc::compile(
+            &CompileUnit {
+                name: "k.cu".into(),
+                source: f.source.clone(),
+            },
+            Arch::SM90,
+        )
+        .unwrap();
+        assert!(r.ok, "{}\n{}", r.log, f.source);
+        assert!(
+            f.source.contains(channel),
+            "{channel} missing:\n{}",
+            f.source
+        );
+    }
+}

@@ -62,6 +62,11 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     };
     let g = mtmc_actions::intent::compile(&text, &bindings).context("in --intent")?;
     let regions = problem_regions(&g)?;
+    if regions.is_empty() {
+        bail!(
+            "the intent has nothing for a kernel: the native evaluator needs one (matmuls are library calls only in a ModelNew)"
+        );
+    }
     let problem = ProblemSource {
         name: "intent".into(),
         code: String::new(),
@@ -216,7 +221,9 @@ fn build(
                 g.node(mtmc_actions::graph::NodeId::new(*n as usize))
                     .op
                     .class(),
-                mtmc_actions::op::OpClass::Reduction | mtmc_actions::op::OpClass::Softmax
+                mtmc_actions::op::OpClass::Reduction
+                    | mtmc_actions::op::OpClass::Softmax
+                    | mtmc_actions::op::OpClass::Norm
             ),
             _ => false,
         };
@@ -269,7 +276,10 @@ fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
         if n.op.is_source() || mtmc_coder::export::library_op(&n.op) {
             continue;
         }
-        if matches!(n.op.class(), OpClass::Reduction | OpClass::Softmax) {
+        if matches!(
+            n.op.class(),
+            OpClass::Reduction | OpClass::Softmax | OpClass::Norm
+        ) {
             // One row kernel each.
             regions.push(vec![id.index() as u32]);
             region_of.insert(id, usize::MAX);
@@ -294,12 +304,9 @@ fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
     }
     if !other.is_empty() {
         bail!(
-            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions and softmax, with matmuls and convolutions as library calls",
+            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions, softmax and norms, with matmuls and convolutions as library calls",
             other.join(", ")
         );
-    }
-    if regions.is_empty() {
-        bail!("nothing here for a kernel: every op is a library call");
     }
     Ok(regions)
 }
@@ -328,16 +335,27 @@ fn run_problem(
         .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
     let regions = problem_regions(&g)?;
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    // Without kernels, the variants are one program.
+    let variants: &[Params] = if regions.is_empty() {
+        &VARIANTS[..1]
+    } else {
+        &VARIANTS
+    };
     let library = g
         .nodes()
         .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
         .count();
     writeln!(
         out,
-        "{p}: {} kernel(s) for {} op(s), {library} library call(s); {} variants, judged {}",
+        "{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), judged {}",
         regions.len(),
         regions.iter().map(Vec::len).sum::<usize>(),
-        VARIANTS.len(),
+        if regions.is_empty() {
+            " (call-library only)"
+        } else {
+            ""
+        },
+        variants.len(),
         if gpu {
             "by the worker against the PyTorch model"
         } else {
@@ -365,7 +383,7 @@ fn run_problem(
     let mut best: Option<(f64, String, Params)> = None;
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
-    for params in VARIANTS {
+    for &params in variants {
         let label = format!("block={} vector={}", params.block, params.vector);
         let program = match build(&g, &regions, params) {
             Ok(p) => p,

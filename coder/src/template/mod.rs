@@ -1,7 +1,8 @@
 //! The template coder: fragments from rules, no LLM, no network.
 //!
-//! Families so far (CUDA): pointwise chains with broadcasting, and
-//! reductions and softmax over a run of adjacent dims. Each family refuses,
+//! Families so far (CUDA): pointwise chains with broadcasting; reductions
+//! and softmax over a run of adjacent dims; layer, RMS, group and instance
+//! norm. Each family refuses,
 //! with the reason, what it cannot write.
 
 mod pointwise;
@@ -36,14 +37,14 @@ impl MicroCoder for TemplateCoder {
         g: &OpGraph,
         action: &Action,
     ) -> Result<Fragment, Refusal> {
-        let rows = match &action.nodes()[..] {
-            [n] => matches!(
-                g.node(*n).op,
-                mtmc_actions::op::Op::Reduce(_) | mtmc_actions::op::Op::Softmax { .. }
-            ),
-            _ => false,
+        use mtmc_actions::op::Op;
+        let single = match &action.nodes()[..] {
+            [n] => Some(&g.node(*n).op),
+            _ => None,
         };
-        let family = if rows { "rows" } else { "pointwise" };
+        let rows = matches!(single, Some(Op::Reduce(_) | Op::Softmax { .. }));
+        let norm = matches!(single, Some(Op::Norm(_)));
+        let family = if rows || norm { "rows" } else { "pointwise" };
         let name = format!("k{}_{family}", program.fragments.len());
         match action.kind {
             ActionKind::CustomKernel
@@ -66,7 +67,9 @@ impl MicroCoder for TemplateCoder {
                         .ok_or_else(|| Refusal::new("no kernel covers this region yet"))?,
                     _ => name,
                 };
-                if rows {
+                if norm {
+                    rows::norm(g, action, &name)
+                } else if rows {
                     rows::generate(g, action, &name)
                 } else {
                     pointwise::generate(g, action, &name)

@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use mtmc_actions::DType;
 use mtmc_actions::graph::{OpGraph, TensorRef};
-use mtmc_actions::op::{Op, Reduce, ReduceOp};
+use mtmc_actions::op::{Norm, NormKind, Op, Reduce, ReduceOp};
 
 use super::Refusal;
 use crate::action::Action;
@@ -279,4 +279,170 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             sizes,
         },
     })
+}
+
+/// Which channel a normalized element's scale and shift come from.
+fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refusal> {
+    // (rows, K, expression of the affine index from r and k)
+    Ok(match kind {
+        NormKind::Layer { dims } | NormKind::Rms { dims } => {
+            let split = shape.len() - dims;
+            (
+                shape[..split].iter().product(),
+                shape[split..].iter().product(),
+                "k".into(),
+            )
+        }
+        NormKind::Group { groups } => {
+            if shape.len() < 2 || !shape[1].is_multiple_of(*groups) {
+                return Err(Refusal::new(
+                    "group norm needs [N, C, ...] with C divisible by the groups",
+                ));
+            }
+            let (n, c) = (shape[0], shape[1]);
+            let spatial: u64 = shape[2..].iter().product();
+            let per_group = c / groups;
+            (
+                n * groups,
+                per_group * spatial,
+                format!("(r % {groups}LL) * {per_group}LL + k / {spatial}LL"),
+            )
+        }
+        NormKind::Instance => {
+            if shape.len() < 3 {
+                return Err(Refusal::new("instance norm needs [N, C, spatial...]"));
+            }
+            let (n, c) = (shape[0], shape[1]);
+            (n * c, shape[2..].iter().product(), format!("r % {c}LL"))
+        }
+        other => {
+            return Err(Refusal::new(format!(
+                "no row kernel yet for {other:?} (its statistics run across rows)"
+            )));
+        }
+    })
+}
+
+/// Layer, RMS, group and instance norm: each normalized group of elements
+/// is one contiguous row; the mean, then the variance (two passes,
+/// compensated sums), then the normalized, scaled and shifted output.
+pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
+    let [node] = action.nodes()[..] else {
+        return Err(Refusal::new("a norm kernel covers one op"));
+    };
+    let n = g.node(node);
+    let Op::Norm(Norm {
+        kind,
+        eps,
+        affine,
+        bias,
+        batch_stats,
+    }) = &n.op
+    else {
+        return Err(Refusal::new(format!("`{}` is not a norm", n.name)));
+    };
+    let ins = g.inputs(node);
+    let x = ins[0];
+    if !batch_stats && !matches!(kind, NormKind::Layer { .. } | NormKind::Rms { .. }) {
+        return Err(Refusal::new(
+            "running statistics (eval mode) are not written yet",
+        ));
+    }
+    if ins.iter().any(|&t| g.tensor(t).dtype != DType::F32) || n.outputs[0].dtype != DType::F32 {
+        return Err(Refusal::new(format!("`{}` is not float32", n.name)));
+    }
+    let shape = g.tensor(x).shape.clone();
+    let (rows, k, channel) = channel_of(kind, &shape)?;
+    let rms = matches!(kind, NormKind::Rms { .. });
+    let block = action.params.block;
+    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
+        return Err(Refusal::new(
+            "norm kernels take a block of 64 to 1024 threads and vector width 1",
+        ));
+    }
+    let mut params = vec!["const float* __restrict__ x".to_string()];
+    let mut inputs = vec![x];
+    if *affine {
+        params.push("const float* __restrict__ w".into());
+        inputs.push(ins[1]);
+    }
+    if *bias {
+        params.push("const float* __restrict__ b".into());
+        inputs.push(ins[2]);
+    }
+    params.extend([
+        "float* __restrict__ y".to_string(),
+        "long long rows".into(),
+        "long long K".into(),
+    ]);
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {kind:?} over {rows} rows of {k} (eps {eps})"
+    );
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}({}) {{",
+        params.join(", ")
+    );
+    src.push_str("    __shared__ float shared[32];\n");
+    src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
+    src.push_str("        const float* xr = x + r * K;\n");
+    let sum = |src: &mut String, var: &str, term: &str| {
+        let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
+        let _ = writeln!(
+            src,
+            "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+        );
+        block_reduce(src, var, "a + b", "0.0f");
+    };
+    if rms {
+        src.push_str("        const float mean = 0.0f;\n");
+    } else {
+        sum(&mut src, "total", "v");
+        src.push_str("        const float mean = total / (float)K;\n");
+    }
+    sum(&mut src, "squares", "(v - mean) * (v - mean)");
+    let _ = writeln!(
+        src,
+        "        const float rstd = rsqrtf(squares / (float)K + {});",
+        lit(*eps)?
+    );
+    let scale = if *affine {
+        format!(" * w[{channel}]")
+    } else {
+        String::new()
+    };
+    let shift = if *bias {
+        format!(" + b[{channel}]")
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        src,
+        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = (xr[k] - mean) * rstd{scale}{shift};"
+    );
+    src.push_str("    }\n}\n");
+    Ok(Fragment {
+        name: name.to_string(),
+        action: action.clone(),
+        source: src,
+        inputs,
+        outputs: vec![TensorRef::first(node)],
+        region: vec![node],
+        launch: Launch {
+            grid: rows.clamp(1, WAVES * 2) as u32,
+            block,
+            sizes: vec![rows as i64, k as i64],
+        },
+    })
+}
+
+fn lit(v: f64) -> Result<String, Refusal> {
+    if !v.is_finite() {
+        return Err(Refusal::new(format!(
+            "the constant {v} has no float literal"
+        )));
+    }
+    Ok(format!("{:e}f", v as f32))
 }
