@@ -27,6 +27,26 @@ struct Cli {
     command: Command,
 }
 
+/// A KernelBench problem by name, or an intent program.
+#[derive(clap::Args)]
+struct SubjectArgs {
+    /// A problem: `L2/1`, `L2/1_Conv2D_ReLU_BiasAdd` or a file name.
+    #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
+    problem: Option<String>,
+    /// An intent program, e.g. "y = gelu(x @ w + b)"; `;` separates statements.
+    #[arg(long, conflicts_with = "intent_file")]
+    intent: Option<String>,
+    /// A file holding an intent program.
+    #[arg(long, value_name = "FILE")]
+    intent_file: Option<PathBuf>,
+    /// Shapes of undeclared intent inputs: x=4096x4096,w=4096x4096,b=4096.
+    #[arg(long, value_name = "NAME=DIMS,...")]
+    shape: Option<String>,
+    /// Element type of undeclared intent inputs (f16, bf16, f32, f64).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// List problems: level, name, op classes, FLOPs and minimum bytes.
@@ -38,21 +58,8 @@ enum Command {
     /// Show a problem's (or an intent's) op graph, per-node FLOPs and bytes,
     /// and its roofline time on H100 and H200.
     Show {
-        /// A problem: `L2/1`, `L2/1_Conv2D_ReLU_BiasAdd` or a file name.
-        #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
-        problem: Option<String>,
-        /// An intent program, e.g. "y = gelu(x @ w + b)"; `;` separates statements.
-        #[arg(long, conflicts_with = "intent_file")]
-        intent: Option<String>,
-        /// A file holding an intent program.
-        #[arg(long, value_name = "FILE")]
-        intent_file: Option<PathBuf>,
-        /// Shapes of undeclared intent inputs: x=4096x4096,w=4096x4096,b=4096.
-        #[arg(long, value_name = "NAME=DIMS,...")]
-        shape: Option<String>,
-        /// Element type of undeclared intent inputs (f16, bf16, f32, f64).
-        #[arg(long, default_value = "f32")]
-        dtype: String,
+        #[command(flatten)]
+        subject: SubjectArgs,
         /// Only this device (H100 or H200).
         #[arg(long)]
         device: Option<String>,
@@ -71,22 +78,8 @@ enum Command {
     /// then 100 timed trials) against eager and torch.compile baselines.
     /// Without one: compile the candidates' CUDA with NVRTC, run nothing.
     Eval {
-        /// A problem: `L1/19`, `L1/19_ReLU` or a file name.
-        #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
-        problem: Option<String>,
-        /// An intent program instead of a problem (its candidates are CUDA
-        /// programs, checked against the f64 reference).
-        #[arg(long, conflicts_with = "intent_file")]
-        intent: Option<String>,
-        /// A file holding an intent program.
-        #[arg(long, value_name = "FILE")]
-        intent_file: Option<PathBuf>,
-        /// Shapes of undeclared intent inputs: x=4096x4096,w=4096x4096,b=4096.
-        #[arg(long, value_name = "NAME=DIMS,...")]
-        shape: Option<String>,
-        /// Element type of undeclared intent inputs.
-        #[arg(long, default_value = "f32")]
-        dtype: String,
+        #[command(flatten)]
+        subject: SubjectArgs,
         /// A candidate: a Python file defining `ModelNew`, or a CUDA program
         /// (`.json`: source or source_file, buffers, launches); repeat to
         /// evaluate several in order.
@@ -129,21 +122,8 @@ enum Command {
     /// problem as an exported ModelNew by the worker), or compiled only
     /// without a GPU.
     Optimize {
-        /// A problem: `L2/12`, `L1/19_ReLU` or a file name.
-        #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
-        problem: Option<String>,
-        /// An intent program, e.g. "y = gelu(x * s + b)".
-        #[arg(long, conflicts_with = "intent_file")]
-        intent: Option<String>,
-        /// A file holding an intent program.
-        #[arg(long, value_name = "FILE")]
-        intent_file: Option<PathBuf>,
-        /// Shapes of undeclared intent inputs: x=4096x4096,s=4096,b=4096.
-        #[arg(long, value_name = "NAME=DIMS,...")]
-        shape: Option<String>,
-        /// Element type of undeclared intent inputs.
-        #[arg(long, default_value = "f32")]
-        dtype: String,
+        #[command(flatten)]
+        subject: SubjectArgs,
         /// Where the generated program and the report go.
         #[arg(long, value_name = "DIR", default_value = "mtmc-out")]
         out: PathBuf,
@@ -180,68 +160,54 @@ enum Command {
     NativeWorker,
 }
 
-/// A problem by name, or an intent from flags or a file.
-fn subject<'a>(
-    kb: Option<&'a std::path::Path>,
-    problem: Option<&'a str>,
-    intent: Option<String>,
-    intent_file: Option<PathBuf>,
-    shape: Option<String>,
-    dtype: &str,
-) -> Result<cmd::show::Subject<'a>> {
-    if let Some(name) = problem {
-        return Ok(cmd::show::Subject::Problem {
-            kernelbench: kb,
-            name,
-        });
+impl SubjectArgs {
+    /// The problem by name, or the intent from the flags or its file.
+    fn resolve<'a>(&'a self, kb: Option<&'a std::path::Path>) -> Result<cmd::show::Subject<'a>> {
+        if let Some(name) = self.problem.as_deref() {
+            return Ok(cmd::show::Subject::Problem {
+                kernelbench: kb,
+                name,
+            });
+        }
+        let (text, origin) = match (&self.intent, &self.intent_file) {
+            (Some(t), _) => (t.clone(), "--intent".to_string()),
+            (None, Some(f)) => (
+                std::fs::read_to_string(f)
+                    .with_context(|| format!("cannot read intent file `{}`", f.display()))?,
+                format!("{}", f.display()),
+            ),
+            (None, None) => unreachable!("clap requires a problem or an intent"),
+        };
+        let shapes = match &self.shape {
+            Some(s) => mtmc_actions::intent::parse_shapes(s)?,
+            None => Default::default(),
+        };
+        let dtype = &self.dtype;
+        let dtype = mtmc_actions::DType::parse(dtype).with_context(|| {
+            format!("--dtype `{dtype}` is not a type (use f16, bf16, f32 or f64)")
+        })?;
+        Ok(cmd::show::Subject::Intent {
+            text,
+            origin,
+            bindings: mtmc_actions::intent::Bindings {
+                shapes,
+                dtype: Some(dtype),
+            },
+        })
     }
-    let (text, origin) = match (intent, intent_file) {
-        (Some(t), _) => (t, "--intent".to_string()),
-        (None, Some(f)) => (
-            std::fs::read_to_string(&f)
-                .with_context(|| format!("cannot read intent file `{}`", f.display()))?,
-            format!("{}", f.display()),
-        ),
-        (None, None) => unreachable!("clap requires a problem or an intent"),
-    };
-    let shapes = match shape {
-        Some(s) => mtmc_actions::intent::parse_shapes(&s)?,
-        None => Default::default(),
-    };
-    let dtype = mtmc_actions::DType::parse(dtype)
-        .with_context(|| format!("--dtype `{dtype}` is not a type (use f16, bf16, f32 or f64)"))?;
-    Ok(cmd::show::Subject::Intent {
-        text,
-        origin,
-        bindings: mtmc_actions::intent::Bindings {
-            shapes,
-            dtype: Some(dtype),
-        },
-    })
 }
 
 fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
     let kb = cli.kernelbench.as_deref();
     match cli.command {
         Command::Problems { level } => cmd::problems::run(out, kb, level),
-        Command::Show {
-            problem,
-            intent,
-            intent_file,
-            shape,
-            dtype,
-            device,
-        } => {
-            let subject = subject(kb, problem.as_deref(), intent, intent_file, shape, &dtype)?;
+        Command::Show { subject, device } => {
+            let subject = subject.resolve(kb)?;
             cmd::show::run(out, subject, device.as_deref())
         }
         Command::Compile { file, block } => cmd::compile::run(out, &file, block),
         Command::Eval {
-            problem,
-            intent,
-            intent_file,
-            shape,
-            dtype,
+            subject,
             candidates,
             evaluator,
             trials,
@@ -265,7 +231,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             cmd::eval::run(
                 out,
                 cmd::eval::Request {
-                    subject: subject(kb, problem.as_deref(), intent, intent_file, shape, &dtype)?,
+                    subject: subject.resolve(kb)?,
                     candidates: &candidates,
                     evaluator,
                     trials,
@@ -280,15 +246,11 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             )
         }
         Command::Optimize {
-            problem,
-            intent,
-            intent_file,
-            shape,
-            dtype,
+            subject,
             out: out_dir,
             timeout,
         } => {
-            let subject = subject(kb, problem.as_deref(), intent, intent_file, shape, &dtype)?;
+            let subject = subject.resolve(kb)?;
             cmd::optimize::run(
                 out,
                 cmd::optimize::Request {
