@@ -1,29 +1,38 @@
-//! `mtmc optimize --intent …`: the template coder and a small built-in
-//! search, until the planner exists. Today it covers intents whose ops are
-//! all pointwise: it fuses them into one kernel, tries a few launch
-//! variants through the native evaluator (compile-only without a GPU),
-//! keeps the fastest correct one and writes it out.
+//! `mtmc optimize`: the template coder and a small built-in search, until
+//! the planner exists. The graph is cut into regions (pointwise chains,
+//! reductions, softmax and norms, each a kernel; matmuls and convolutions
+//! stay library calls); every launch variant is built step by step (each
+//! fragment compiled alone, rolled back on failure) and judged — an intent
+//! by the native evaluator, a KernelBench problem as an exported `ModelNew`
+//! by the worker, or compiled only without a GPU. The fastest correct
+//! program is written out with a report of every attempt.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use mtmc_actions::device::{MathMode, builtin_devices, find_device};
-use mtmc_actions::graph::OpGraph;
+use mtmc_actions::graph::{NodeId, OpGraph};
+use mtmc_actions::op::OpClass;
 use mtmc_coder::action::{Action, ActionKind, Params};
+use mtmc_coder::program::Program;
 use mtmc_coder::render::to_cuda_program;
-use mtmc_coder::session::Session;
+use mtmc_coder::session::{Failure, Session, Stage};
 use mtmc_coder::template::TemplateCoder;
-use mtmc_env::evaluator::{Candidate, CompileOnly, Evaluator, ProblemSource};
+use mtmc_env::evaluator::{
+    Candidate, CompileOnly, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings,
+};
 use mtmc_env::native::{GraphSource, NativeEvaluator};
 use mtmc_env::nvrtc::Arch;
-use mtmc_env::outcome::{Outcome, Status};
-use mtmc_env::worker::Protocol;
+use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
+use mtmc_env::worker::{Protocol, WorkerSlot};
+
+use crate::cmd::show::Subject;
 
 /// What `mtmc optimize` was asked to do.
 pub struct Request<'a> {
     /// The problem or intent.
-    pub subject: crate::cmd::show::Subject<'a>,
+    pub subject: Subject<'a>,
     /// Where the generated code and report go.
     pub out_dir: &'a Path,
     /// Wall-clock limit per candidate.
@@ -52,148 +61,273 @@ const VARIANTS: [Params; 4] = [
 
 /// Runs the search and writes the best program.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
-    let (text, bindings) = match &req.subject {
-        crate::cmd::show::Subject::Intent { text, bindings, .. } => {
-            (text.clone(), bindings.clone())
-        }
-        crate::cmd::show::Subject::Problem { kernelbench, name } => {
-            return run_problem(out, *kernelbench, name, req.out_dir, req.timeout);
-        }
-    };
-    let g = mtmc_actions::intent::compile(&text, &bindings).context("in --intent")?;
-    let regions = problem_regions(&g)?;
-    if regions.is_empty() {
-        bail!(
-            "the intent has nothing for a kernel: the native evaluator needs one (matmuls are library calls only in a ModelNew)"
-        );
-    }
-    let problem = ProblemSource {
-        name: "intent".into(),
-        code: String::new(),
-        graph: Some(GraphSource::Intent {
-            text: text.clone(),
-            shapes: bindings.shapes.clone(),
-            dtype: bindings.dtype,
-        }),
-    };
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let how = |on_gpu: &'static str| {
+        if gpu {
+            on_gpu
+        } else {
+            "judged by compile only (no GPU: nothing is run or timed)"
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let exe = std::env::current_exe().context("cannot find the mtmc binary")?;
-    let mut native =
-        NativeEvaluator::new(exe.into(), None, Protocol::KERNELBENCH_FP32, req.timeout);
-    let mut compile_only = CompileOnly {
-        arch: Arch::SM90,
-        reason: "no GPU on this machine".into(),
-    };
-    writeln!(
-        out,
-        "intent: {} kernel(s) for {} op(s); {} launch variants, judged {}",
-        regions.len(),
-        regions.iter().map(Vec::len).sum::<usize>(),
-        VARIANTS.len(),
-        if gpu {
-            "on the GPU against the f64 reference"
-        } else {
-            "by compile only (no GPU: nothing is run or timed)"
-        }
-    )?;
     let specs = builtin_devices();
-    let mut attempts = Vec::new();
-    let mut failures = Vec::new();
-    let mut best: Option<(f64, mtmc_coder::program::Program, Params)> = None;
-    for params in VARIANTS {
+    match &req.subject {
+        Subject::Intent { text, bindings, .. } => {
+            let g = mtmc_actions::intent::compile(text, bindings).context("in --intent")?;
+            let regions = regions(&g)?;
+            if regions.is_empty() {
+                bail!(
+                    "the intent has nothing for a kernel: the native evaluator needs one (matmuls are library calls only in a ModelNew)"
+                );
+            }
+            let problem = ProblemSource {
+                name: "intent".into(),
+                code: String::new(),
+                graph: Some(GraphSource::Intent {
+                    text: text.clone(),
+                    shapes: bindings.shapes.clone(),
+                    dtype: bindings.dtype,
+                }),
+            };
+            let exe = std::env::current_exe().context("cannot find the mtmc binary")?;
+            let mut native =
+                NativeEvaluator::new(exe.into(), None, Protocol::KERNELBENCH_FP32, req.timeout);
+            let mut compile_only = CompileOnly {
+                arch: Arch::SM90,
+                reason: "no GPU on this machine".into(),
+            };
+            writeln!(
+                out,
+                "intent: {} kernel(s) for {} op(s); {} launch variants, {}",
+                regions.len(),
+                regions.iter().map(Vec::len).sum::<usize>(),
+                VARIANTS.len(),
+                how("judged on the GPU against the f64 reference"),
+            )?;
+            let found = search(out, &g, &regions, &VARIANTS, |program, label| {
+                let candidate = Candidate::Cuda {
+                    name: label.to_string(),
+                    program: to_cuda_program(&g, program).map_err(anyhow::Error::msg)?,
+                };
+                let mut o = if gpu {
+                    runtime.block_on(native.evaluate(&problem, &candidate))?
+                } else {
+                    runtime.block_on(compile_only.evaluate(&problem, &candidate))?
+                };
+                add_roofline(&mut o, &g, &specs);
+                Ok(o)
+            })?;
+            conclude(out, req.out_dir, text, found, |program| {
+                let cuda = to_cuda_program(&g, program).map_err(anyhow::Error::msg)?;
+                write(req.out_dir, "program.cu", &cuda.source)?;
+                write(
+                    req.out_dir,
+                    "program.json",
+                    &(serde_json::to_string_pretty(&cuda)? + "\n"),
+                )?;
+                Ok("program.json, program.cu")
+            })
+        }
+        Subject::Problem { kernelbench, name } => {
+            let problems = crate::source::Problems::load(*kernelbench)?;
+            let p = problems.find(name)?;
+            if p.code.is_empty() {
+                bail!(
+                    "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+                );
+            }
+            let traced = problems.graphs(&[p])?.remove(0);
+            let g = traced
+                .graph
+                .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
+            let regions = regions(&g)?;
+            // Without kernels, the variants are one program.
+            let variants: &[Params] = if regions.is_empty() {
+                &VARIANTS[..1]
+            } else {
+                &VARIANTS
+            };
+            let library = g
+                .nodes()
+                .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
+                .count();
+            writeln!(
+                out,
+                "{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), {}",
+                regions.len(),
+                regions.iter().map(Vec::len).sum::<usize>(),
+                if regions.is_empty() {
+                    " (call-library only)"
+                } else {
+                    ""
+                },
+                variants.len(),
+                how("judged by the worker against the PyTorch model"),
+            )?;
+            let settings = WorkerSettings {
+                baselines: vec!["eager".into(), "compile".into()],
+                baseline_cache: crate::source::cache_dir().map(|d| d.join("baselines")),
+                limit: req.timeout,
+                ..WorkerSettings::default()
+            };
+            let mut worker = WorkerEvaluator::new(WorkerSlot::new(None), settings);
+            let problem = ProblemSource {
+                name: format!("{}.py", p.name),
+                code: p.code.clone(),
+                graph: None,
+            };
+            let found = search(out, &g, &regions, variants, |program, label| {
+                let code = mtmc_coder::export::to_model_new(&g, program, &p.code)
+                    .map_err(anyhow::Error::msg)?;
+                if !gpu {
+                    // Every fragment compiled when it was proposed.
+                    return Ok(Outcome::new(
+                        EvaluatorKind::CompileOnly,
+                        Status::CompiledOnly,
+                    ));
+                }
+                let candidate = Candidate::Python {
+                    name: format!("model_new {label}"),
+                    code,
+                };
+                let mut o = runtime.block_on(worker.evaluate(&problem, &candidate))?;
+                add_roofline(&mut o, &g, &specs);
+                Ok(o)
+            })?;
+            conclude(out, req.out_dir, &p.full_name(), found, |program| {
+                let code = mtmc_coder::export::to_model_new(&g, program, &p.code)
+                    .map_err(anyhow::Error::msg)?;
+                write(req.out_dir, "model_new.py", &code)?;
+                Ok("model_new.py")
+            })
+        }
+    }
+}
+
+fn add_roofline(o: &mut Outcome, g: &OpGraph, specs: &[mtmc_actions::device::DeviceSpec]) {
+    if let Some(spec) = find_device(specs, o.device.as_deref().unwrap_or("")) {
+        o.add_roofline(g, spec, MathMode::default());
+    }
+}
+
+/// Every attempt, and the fastest correct program (at infinity when
+/// nothing was run and the program only compiled).
+struct Found {
+    attempts: Vec<serde_json::Value>,
+    best: Option<(f64, Program, Params)>,
+}
+
+/// Builds each variant and judges it with `judge`, printing a line each.
+fn search(
+    out: &mut dyn std::io::Write,
+    g: &OpGraph,
+    regions: &[Vec<u32>],
+    variants: &[Params],
+    mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
+) -> Result<Found> {
+    let mut found = Found {
+        attempts: Vec::new(),
+        best: None,
+    };
+    for &params in variants {
         let label = format!("block={} vector={}", params.block, params.vector);
-        let proposed = match build(&g, &regions, params) {
+        let program = match build(g, regions, params) {
             Ok(p) => p,
             Err(f) => {
-                writeln!(
-                    out,
-                    "  {label}: {}, rolled back: {}",
-                    stage_name(&f),
-                    f.log.lines().next().unwrap_or("")
-                )?;
-                attempts.push(serde_json::json!({"params": params, "failure": f}));
-                failures.push(f);
+                let stage = match f.stage {
+                    Stage::Refused => "refused",
+                    Stage::Compile => "does not compile",
+                    Stage::Outcome => "wrong",
+                };
+                let first = f.log.lines().next().unwrap_or("");
+                writeln!(out, "  {label}: {stage}, rolled back: {first}")?;
+                found
+                    .attempts
+                    .push(serde_json::json!({"params": params, "failure": f}));
                 continue;
             }
         };
-        let program = to_cuda_program(&g, &proposed).map_err(anyhow::Error::msg)?;
-        let candidate = Candidate::Cuda {
-            name: label.clone(),
-            program: program.clone(),
-        };
-        let mut o: Outcome = if gpu {
-            runtime.block_on(native.evaluate(&problem, &candidate))?
-        } else {
-            runtime.block_on(compile_only.evaluate(&problem, &candidate))?
-        };
-        if let Some(spec) = find_device(&specs, o.device.as_deref().unwrap_or("")) {
-            o.add_roofline(&g, spec, MathMode::default());
-        }
+        let o = judge(&program, &label)?;
         match (o.status, &o.runtime) {
             (Status::Correct, Some(rt)) => {
-                let roof = o.achieved.as_ref().map_or(String::new(), |a| {
-                    format!(
-                        ", {:.0}% of the {} roofline",
+                let mut line = format!("  {label}: correct, {:.4} ms", rt.mean_ms);
+                if !o.baselines.is_empty() {
+                    let vs = |b: &str| o.speedup_vs(b).map_or("-".into(), |s| format!("{s:.3}x"));
+                    line += &format!(
+                        "; vs eager {}, vs torch.compile {}",
+                        vs("eager"),
+                        vs("compile")
+                    );
+                }
+                if let Some(a) = &o.achieved {
+                    line += &format!(
+                        "; {:.0}% of the {} roofline",
                         100.0 * a.roofline_fraction,
                         a.device
-                    )
-                });
-                writeln!(out, "  {label}: correct, {:.4} ms{roof}", rt.mean_ms)?;
-                if best.as_ref().is_none_or(|(ms, _, _)| rt.mean_ms < *ms) {
-                    best = Some((rt.mean_ms, proposed.clone(), params));
+                    );
+                }
+                writeln!(out, "{line}")?;
+                if found
+                    .best
+                    .as_ref()
+                    .is_none_or(|(ms, _, _)| rt.mean_ms < *ms)
+                {
+                    found.best = Some((rt.mean_ms, program, params));
                 }
             }
             (Status::CompiledOnly, _) => {
                 writeln!(out, "  {label}: compiled, not run")?;
-                if best.is_none() {
-                    best = Some((f64::INFINITY, proposed.clone(), params));
+                if found.best.is_none() {
+                    found.best = Some((f64::INFINITY, program, params));
                 }
             }
             (status, _) => {
                 let why = o.why.clone().or(o.error.clone()).unwrap_or_default();
-                writeln!(out, "  {label}: {}, rolled back: {why}", status.name())?;
-                failures.push(mtmc_coder::session::Failure {
-                    action: proposed.fragments[0].action.clone(),
-                    stage: mtmc_coder::session::Stage::Outcome,
-                    fragment: None,
-                    log: format!("{}: {why}", status.name()),
-                });
+                let first = why.lines().next().unwrap_or("");
+                writeln!(out, "  {label}: {}, rolled back: {first}", status.name())?;
             }
         }
-        attempts.push(serde_json::json!({"params": params, "outcome": o}));
+        found
+            .attempts
+            .push(serde_json::json!({"params": params, "outcome": o}));
     }
-    std::fs::create_dir_all(req.out_dir)
-        .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
-    let report = serde_json::json!({"intent": text, "attempts": attempts, "failures": failures});
+    Ok(found)
+}
+
+/// Writes the report and the best program (through `write_best`, which
+/// names the files it wrote), and says what was found.
+fn conclude(
+    out: &mut dyn std::io::Write,
+    out_dir: &Path,
+    subject: &str,
+    found: Found,
+    write_best: impl FnOnce(&Program) -> Result<&'static str>,
+) -> Result<()> {
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
+    let report = serde_json::json!({"subject": subject, "attempts": found.attempts});
     write(
-        req.out_dir,
+        out_dir,
         "report.json",
         &(serde_json::to_string_pretty(&report)? + "\n"),
     )?;
-    let Some((ms, program, params)) = best else {
+    let Some((ms, program, params)) = found.best else {
         bail!(
             "no variant was correct; the attempts are in {}",
-            req.out_dir.join("report.json").display()
+            out_dir.join("report.json").display()
         );
     };
-    let cuda = to_cuda_program(&g, &program).map_err(anyhow::Error::msg)?;
-    write(req.out_dir, "program.cu", &cuda.source)?;
-    write(
-        req.out_dir,
-        "program.json",
-        &(serde_json::to_string_pretty(&cuda)? + "\n"),
-    )?;
+    let files = write_best(&program)?;
     if ms.is_finite() {
         writeln!(
             out,
-            "best: block={} vector={}, {ms:.4} ms; wrote program.json, program.cu and report.json to {}",
+            "best: block={} vector={}, {ms:.4} ms; wrote {files} and report.json to {}",
             params.block,
             params.vector,
-            req.out_dir.display()
+            out_dir.display()
         )?;
     } else {
         writeln!(
@@ -201,32 +335,26 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             "nothing was run or timed (no GPU); wrote the first variant that compiled (block={} vector={}) to {}",
             params.block,
             params.vector,
-            req.out_dir.display()
+            out_dir.display()
         )?;
     }
     Ok(())
 }
 
+/// Whether the node at `index` is computed by a row kernel.
+fn row_op(g: &OpGraph, index: u32) -> bool {
+    matches!(
+        g.node(NodeId::new(index as usize)).op.class(),
+        OpClass::Reduction | OpClass::Softmax | OpClass::Norm
+    )
+}
+
 /// The program with one fragment per region at `params` (row kernels read
 /// one element per thread), or the first failure.
-fn build(
-    g: &OpGraph,
-    regions: &[Vec<u32>],
-    params: Params,
-) -> std::result::Result<mtmc_coder::program::Program, mtmc_coder::session::Failure> {
+fn build(g: &OpGraph, regions: &[Vec<u32>], params: Params) -> Result<Program, Failure> {
     let mut session = Session::new(g, TemplateCoder, Arch::SM90);
     for region in regions {
-        let single_row_op = match &region[..] {
-            [n] => matches!(
-                g.node(mtmc_actions::graph::NodeId::new(*n as usize))
-                    .op
-                    .class(),
-                mtmc_actions::op::OpClass::Reduction
-                    | mtmc_actions::op::OpClass::Softmax
-                    | mtmc_actions::op::OpClass::Norm
-            ),
-            _ => false,
-        };
+        let single_row_op = matches!(&region[..], [n] if row_op(g, *n));
         let action = Action {
             kind: if region.len() == 1 {
                 ActionKind::CustomKernel
@@ -249,14 +377,6 @@ fn build(
     Ok(session.good().clone())
 }
 
-fn stage_name(f: &mtmc_coder::session::Failure) -> &'static str {
-    match f.stage {
-        mtmc_coder::session::Stage::Refused => "refused",
-        mtmc_coder::session::Stage::Compile => "does not compile",
-        mtmc_coder::session::Stage::Outcome => "wrong",
-    }
-}
-
 fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
@@ -264,23 +384,18 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     std::fs::rename(&tmp, &path).with_context(|| format!("cannot write `{}`", path.display()))
 }
 
-/// The regions a KernelBench graph is cut into: connected pointwise chains
-/// (each a fused kernel); matmuls and convolutions stay library calls.
-fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
-    use mtmc_actions::op::OpClass;
-    let mut region_of: std::collections::HashMap<mtmc_actions::graph::NodeId, usize> =
-        Default::default();
+/// The regions a graph is cut into: connected pointwise chains (each a
+/// fused kernel) and single reductions, softmaxes and norms (row kernels);
+/// matmuls and convolutions stay library calls.
+fn regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
+    let mut region_of: std::collections::HashMap<NodeId, usize> = Default::default();
     let mut regions: Vec<Vec<u32>> = Vec::new();
     let mut other = Vec::new();
     for (id, n) in g.nodes() {
         if n.op.is_source() || mtmc_coder::export::library_op(&n.op) {
             continue;
         }
-        if matches!(
-            n.op.class(),
-            OpClass::Reduction | OpClass::Softmax | OpClass::Norm
-        ) {
-            // One row kernel each.
+        if row_op(g, id.index() as u32) {
             regions.push(vec![id.index() as u32]);
             region_of.insert(id, usize::MAX);
             continue;
@@ -309,169 +424,4 @@ fn problem_regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
         );
     }
     Ok(regions)
-}
-
-/// A KernelBench problem: fragments for its pointwise chains, the rest as
-/// torch calls, exported as `ModelNew` and judged by the worker.
-fn run_problem(
-    out: &mut dyn std::io::Write,
-    kernelbench: Option<&Path>,
-    name: &str,
-    out_dir: &Path,
-    timeout: Duration,
-) -> Result<()> {
-    use mtmc_env::evaluator::{WorkerEvaluator, WorkerSettings};
-    use mtmc_env::worker::WorkerSlot;
-    let problems = crate::source::Problems::load(kernelbench)?;
-    let p = problems.find(name)?;
-    if p.code.is_empty() {
-        bail!(
-            "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
-        );
-    }
-    let traced = problems.graphs(&[p])?.remove(0);
-    let g = traced
-        .graph
-        .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
-    let regions = problem_regions(&g)?;
-    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
-    // Without kernels, the variants are one program.
-    let variants: &[Params] = if regions.is_empty() {
-        &VARIANTS[..1]
-    } else {
-        &VARIANTS
-    };
-    let library = g
-        .nodes()
-        .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
-        .count();
-    writeln!(
-        out,
-        "{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), judged {}",
-        regions.len(),
-        regions.iter().map(Vec::len).sum::<usize>(),
-        if regions.is_empty() {
-            " (call-library only)"
-        } else {
-            ""
-        },
-        variants.len(),
-        if gpu {
-            "by the worker against the PyTorch model"
-        } else {
-            "by compile only (no GPU: nothing is run or timed)"
-        }
-    )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let settings = WorkerSettings {
-        baselines: vec!["eager".into(), "compile".into()],
-        baseline_cache: crate::source::cache_dir().map(|d| d.join("baselines")),
-        limit: timeout,
-        ..WorkerSettings::default()
-    };
-    let mut worker = WorkerEvaluator::new(WorkerSlot::new(None), settings);
-    let problem = ProblemSource {
-        name: format!("{}.py", p.name),
-        code: p.code.clone(),
-        graph: None,
-    };
-    let specs = builtin_devices();
-    let mut attempts = Vec::new();
-    let mut best: Option<(f64, String, Params)> = None;
-    std::fs::create_dir_all(out_dir)
-        .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
-    for &params in variants {
-        let label = format!("block={} vector={}", params.block, params.vector);
-        let program = match build(&g, &regions, params) {
-            Ok(p) => p,
-            Err(f) => {
-                writeln!(
-                    out,
-                    "  {label}: {}, rolled back: {}",
-                    stage_name(&f),
-                    f.log.lines().next().unwrap_or("")
-                )?;
-                attempts.push(serde_json::json!({"params": params, "failure": f}));
-                continue;
-            }
-        };
-        let code =
-            mtmc_coder::export::to_model_new(&g, &program, &p.code).map_err(anyhow::Error::msg)?;
-        if !gpu {
-            writeln!(out, "  {label}: compiled, not run")?;
-            if best.is_none() {
-                best = Some((f64::INFINITY, code.clone(), params));
-            }
-            attempts.push(serde_json::json!({"params": params, "compiled_only": true}));
-            continue;
-        }
-        let candidate = Candidate::Python {
-            name: format!("model_new {label}"),
-            code: code.clone(),
-        };
-        let mut o = runtime.block_on(worker.evaluate(&problem, &candidate))?;
-        if let Some(spec) = find_device(&specs, o.device.as_deref().unwrap_or("")) {
-            o.add_roofline(&g, spec, MathMode::default());
-        }
-        match (o.status, &o.runtime) {
-            (Status::Correct, Some(rt)) => {
-                let vs = |b: &str| {
-                    o.speedup_vs(b)
-                        .map_or("-".to_string(), |s| format!("{s:.3}x"))
-                };
-                writeln!(
-                    out,
-                    "  {label}: correct, {:.4} ms; vs eager {}, vs torch.compile {}",
-                    rt.mean_ms,
-                    vs("eager"),
-                    vs("compile")
-                )?;
-                if best.as_ref().is_none_or(|(ms, _, _)| rt.mean_ms < *ms) {
-                    best = Some((rt.mean_ms, code.clone(), params));
-                }
-            }
-            (status, _) => {
-                let why = o.why.clone().or(o.error.clone()).unwrap_or_default();
-                writeln!(
-                    out,
-                    "  {label}: {}, rolled back: {}",
-                    status.name(),
-                    why.lines().next().unwrap_or("")
-                )?;
-            }
-        }
-        attempts.push(serde_json::json!({"params": params, "outcome": o}));
-    }
-    let report = serde_json::json!({"problem": p.full_name(), "attempts": attempts});
-    write(
-        out_dir,
-        "report.json",
-        &(serde_json::to_string_pretty(&report)? + "\n"),
-    )?;
-    let Some((ms, code, params)) = best else {
-        bail!(
-            "no variant was correct; the attempts are in {}",
-            out_dir.join("report.json").display()
-        );
-    };
-    write(out_dir, "model_new.py", &code)?;
-    if ms.is_finite() {
-        writeln!(
-            out,
-            "best: block={} vector={}, {ms:.4} ms; wrote model_new.py and report.json to {}",
-            params.block,
-            params.vector,
-            out_dir.display()
-        )?;
-    } else {
-        writeln!(
-            out,
-            "nothing was run or timed (no GPU); wrote the first variant that compiled to {}",
-            out_dir.display()
-        )?;
-    }
-    Ok(())
 }
