@@ -116,11 +116,11 @@ enum Command {
         json: Option<PathBuf>,
     },
     /// Write kernels with the template coder and a small built-in search.
-    /// Today: pointwise chains fused into kernels, reductions, softmax and
-    /// norms as row kernels, matmuls and convolutions as library calls; launch
-    /// variants judged on the GPU (an intent natively, a KernelBench
-    /// problem as an exported ModelNew by the worker), or compiled only
-    /// without a GPU.
+    /// Today: pointwise chains fused into kernels; reductions, softmax,
+    /// norms and pooling as kernels of their own; matmuls and convolutions
+    /// as library calls. Launch variants are judged on the GPU (an intent
+    /// natively, a KernelBench problem as an exported ModelNew by the
+    /// worker), or compiled only without a GPU.
     Optimize {
         #[command(flatten)]
         subject: SubjectArgs,

@@ -1,6 +1,7 @@
-//! The row family: reductions and softmax over a run of adjacent dims, both
-//! layouts (reduced dims trailing: a block per row; else a thread per
-//! output), compiled with real NVRTC.
+//! The row family and pooling, compiled with real NVRTC: reductions and
+//! softmax in both layouts (reduced dims trailing: a block per row; else a
+//! thread per output), layer/group/instance/RMS norm, max and average
+//! pooling.
 
 use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
@@ -158,5 +159,42 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
             "{channel} missing:\n{}",
             f.source
         );
+    }
+}
+
+#[test]
+fn max_and_average_pooling_compile_with_torchs_divisor() {
+    for (name, divisor) in [
+        ("41_Max_Pooling_1D", "y[i] = acc;"),
+        ("42_Max_Pooling_2D", "y[i] = acc;"),
+        ("44_Average_Pooling_1D", "/ (float)"),
+        ("45_Average_Pooling_2D", "/ (float)"),
+        ("46_Average_Pooling_3D", "/ (float)"),
+    ] {
+        let g = traced(1, name);
+        let node = g
+            .nodes()
+            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Pool(_)))
+            .unwrap()
+            .0;
+        let action = Action {
+            kind: ActionKind::CustomKernel,
+            region: vec![node.index() as u32],
+            params: Params::default(),
+        };
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        assert!(f.name.ends_with("_pool"));
+        let r = mtmc_env::nvrtc::compile(
+            &CompileUnit {
+                name: "k.cu".into(),
+                source: f.source.clone(),
+            },
+            Arch::SM90,
+        )
+        .unwrap();
+        assert!(r.ok, "{name}: {}\n{}", r.log, f.source);
+        assert!(f.source.contains(divisor), "{name}:\n{}", f.source);
     }
 }

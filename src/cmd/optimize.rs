@@ -1,7 +1,7 @@
 //! `mtmc optimize`: the template coder and a small built-in search, until
 //! the planner exists. The graph is cut into regions (pointwise chains,
-//! reductions, softmax and norms, each a kernel; matmuls and convolutions
-//! stay library calls); every launch variant is built step by step (each
+//! reductions, softmax, norms and pooling, each a kernel; matmuls and
+//! convolutions stay library calls); every launch variant is built step by step (each
 //! fragment compiled alone, rolled back on failure) and judged — an intent
 //! by the native evaluator, a KernelBench problem as an exported `ModelNew`
 //! by the worker, or compiled only without a GPU. The fastest correct
@@ -341,11 +341,12 @@ fn conclude(
     Ok(())
 }
 
-/// Whether the node at `index` is computed by a row kernel.
+/// Whether the node at `index` is computed by a kernel of its own that
+/// reads one element per thread (rows, norms, pooling).
 fn row_op(g: &OpGraph, index: u32) -> bool {
     matches!(
         g.node(NodeId::new(index as usize)).op.class(),
-        OpClass::Reduction | OpClass::Softmax | OpClass::Norm
+        OpClass::Reduction | OpClass::Softmax | OpClass::Norm | OpClass::Pool
     )
 }
 
@@ -419,7 +420,7 @@ fn regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
     }
     if !other.is_empty() {
         bail!(
-            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions, softmax and norms, with matmuls and convolutions as library calls",
+            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions, softmax, norms and pooling, with matmuls and convolutions as library calls",
             other.join(", ")
         );
     }

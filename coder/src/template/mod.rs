@@ -2,10 +2,11 @@
 //!
 //! Families so far (CUDA): pointwise chains with broadcasting; reductions
 //! and softmax over a run of adjacent dims; layer, RMS, group and instance
-//! norm. Each family refuses,
+//! norm; max and average pooling (1–3-d, and global). Each family refuses,
 //! with the reason, what it cannot write.
 
 mod pointwise;
+mod pool;
 mod rows;
 
 use mtmc_actions::graph::OpGraph;
@@ -44,7 +45,14 @@ impl MicroCoder for TemplateCoder {
         };
         let rows = matches!(single, Some(Op::Reduce(_) | Op::Softmax { .. }));
         let norm = matches!(single, Some(Op::Norm(_)));
-        let family = if rows || norm { "rows" } else { "pointwise" };
+        let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_)));
+        let family = if rows || norm {
+            "rows"
+        } else if pool {
+            "pool"
+        } else {
+            "pointwise"
+        };
         let name = format!("k{}_{family}", program.fragments.len());
         match action.kind {
             ActionKind::CustomKernel
@@ -67,7 +75,9 @@ impl MicroCoder for TemplateCoder {
                         .ok_or_else(|| Refusal::new("no kernel covers this region yet"))?,
                     _ => name,
                 };
-                if norm {
+                if pool {
+                    pool::generate(g, action, &name)
+                } else if norm {
                     rows::norm(g, action, &name)
                 } else if rows {
                     rows::generate(g, action, &name)
