@@ -20,6 +20,20 @@ fn graph(src: &str, shapes: &str) -> OpGraph {
     compile(src, &b).unwrap()
 }
 
+/// Asserts that the fragment compiles with NVRTC for sm_90.
+#[track_caller]
+fn compiles(f: &mtmc_coder::program::Fragment, what: &str) {
+    let r = mtmc_env::nvrtc::compile(
+        &CompileUnit {
+            name: "k.cu".into(),
+            source: f.source.clone(),
+        },
+        Arch::SM90,
+    )
+    .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
+    assert!(r.ok, "{what}: {}\n{}", r.log, f.source);
+}
+
 fn last_node(g: &OpGraph) -> Action {
     Action {
         kind: ActionKind::CustomKernel,
@@ -48,15 +62,7 @@ fn every_reduction_and_softmax_compiles_in_both_layouts() {
             let f = TemplateCoder
                 .realize(&Program::default(), &g, &last_node(&g))
                 .unwrap();
-            let r = mtmc_env::nvrtc::compile(
-                &CompileUnit {
-                    name: "k.cu".into(),
-                    source: f.source.clone(),
-                },
-                Arch::SM90,
-            )
-            .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
-            assert!(r.ok, "{op} over {layout}:\n{}\n{}", r.log, f.source);
+            compiles(&f, &format!("{op} over {layout}"));
             assert_eq!(f.launch.sizes, sizes, "{op} over {layout}");
             assert!(f.name.ends_with("_rows"));
         }
@@ -145,15 +151,7 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
         let f = TemplateCoder
             .realize(&Program::default(), &g, &action)
             .unwrap();
-        let r = mtmc_env::nvrtc::compile(
-            &CompileUnit {
-                name: "k.cu".into(),
-                source: f.source.clone(),
-            },
-            Arch::SM90,
-        )
-        .unwrap();
-        assert!(r.ok, "{}\n{}", r.log, f.source);
+        compiles(&f, "norm");
         assert!(
             f.source.contains(channel),
             "{channel} missing:\n{}",
@@ -186,15 +184,7 @@ fn max_and_average_pooling_compile_with_torchs_divisor() {
             .realize(&Program::default(), &g, &action)
             .unwrap();
         assert!(f.name.ends_with("_pool"));
-        let r = mtmc_env::nvrtc::compile(
-            &CompileUnit {
-                name: "k.cu".into(),
-                source: f.source.clone(),
-            },
-            Arch::SM90,
-        )
-        .unwrap();
-        assert!(r.ok, "{name}: {}\n{}", r.log, f.source);
+        compiles(&f, name);
         assert!(f.source.contains(divisor), "{name}:\n{}", f.source);
     }
 }

@@ -15,6 +15,40 @@ use crate::MicroCoder;
 use crate::action::{Action, ActionKind};
 use crate::program::{Fragment, Program};
 
+/// Blocks a grid-stride loop is sized for: eight per SM of an H100.
+const WAVES: u64 = 132 * 8;
+
+/// A float literal CUDA reads back exactly (as f32).
+fn lit(v: f64) -> Result<String, Refusal> {
+    if !v.is_finite() {
+        return Err(Refusal::new(format!(
+            "the constant {v} has no float literal"
+        )));
+    }
+    Ok(format!("{:e}f", v as f32))
+}
+
+/// The fragment of a kernel that computes the one node `node` from
+/// `inputs`.
+fn one_node(
+    name: &str,
+    action: &Action,
+    source: String,
+    inputs: Vec<mtmc_actions::graph::TensorRef>,
+    node: mtmc_actions::graph::NodeId,
+    launch: crate::program::Launch,
+) -> Fragment {
+    Fragment {
+        name: name.to_string(),
+        action: action.clone(),
+        source,
+        inputs,
+        outputs: vec![mtmc_actions::graph::TensorRef::first(node)],
+        region: vec![node],
+        launch,
+    }
+}
+
 /// Why a coder wrote nothing for an action.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -13,22 +13,9 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::{BinaryOp, Op, UnaryOp};
 
-use super::Refusal;
+use super::{Refusal, WAVES, lit};
 use crate::action::{Action, Params};
 use crate::program::{Fragment, Launch};
-
-/// Blocks per SM the grid-stride loop is sized for.
-const WAVES: u64 = 132 * 8;
-
-/// A float literal CUDA reads back exactly (as f32).
-fn lit(v: f64) -> Result<String, Refusal> {
-    if !v.is_finite() {
-        return Err(Refusal::new(format!(
-            "the constant {v} has no float literal"
-        )));
-    }
-    Ok(format!("{:e}f", v as f32))
-}
 
 /// The CUDA expression of a unary op applied to `x` (an identifier).
 fn unary(u: &UnaryOp, x: &str) -> Result<String, Refusal> {

@@ -9,15 +9,12 @@
 use std::fmt::Write as _;
 
 use mtmc_actions::DType;
-use mtmc_actions::graph::{OpGraph, TensorRef};
+use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{AdaptivePool, Op, Pool};
 
-use super::Refusal;
+use super::{Refusal, WAVES, one_node};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
-
-/// Blocks the grid-stride loop is sized for.
-const WAVES: u64 = 132 * 8;
 
 /// One pooling window per spatial dim: kernel, stride, padding, dilation.
 struct Window {
@@ -187,17 +184,10 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("        y[i] = acc / (float)inside;\n");
     }
     src.push_str("    }\n}\n");
-    Ok(Fragment {
-        name: name.to_string(),
-        action: action.clone(),
-        source: src,
-        inputs: vec![input],
-        outputs: vec![TensorRef::first(node)],
-        region: vec![node],
-        launch: Launch {
-            grid: numel.div_ceil(u64::from(block)).clamp(1, WAVES) as u32,
-            block,
-            sizes: vec![numel as i64],
-        },
-    })
+    let launch = Launch {
+        grid: numel.div_ceil(u64::from(block)).clamp(1, WAVES) as u32,
+        block,
+        sizes: vec![numel as i64],
+    };
+    Ok(one_node(name, action, src, vec![input], node, launch))
 }

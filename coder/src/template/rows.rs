@@ -12,15 +12,12 @@
 use std::fmt::Write as _;
 
 use mtmc_actions::DType;
-use mtmc_actions::graph::{OpGraph, TensorRef};
+use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{Norm, NormKind, Op, Reduce, ReduceOp};
 
-use super::Refusal;
+use super::{Refusal, WAVES, lit, one_node};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
-
-/// Blocks the grid-stride loops are sized for.
-const WAVES: u64 = 132 * 8;
 
 /// What is computed over each row.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -266,19 +263,12 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             vec![outer as i64, k as i64, inner as i64],
         )
     };
-    Ok(Fragment {
-        name: name.to_string(),
-        action: action.clone(),
-        source: src,
-        inputs: vec![input],
-        outputs: vec![TensorRef::first(node)],
-        region: vec![node],
-        launch: Launch {
-            grid: grid as u32,
-            block,
-            sizes,
-        },
-    })
+    let launch = Launch {
+        grid: grid as u32,
+        block,
+        sizes,
+    };
+    Ok(one_node(name, action, src, vec![input], node, launch))
 }
 
 /// Which channel a normalized element's scale and shift come from.
@@ -423,26 +413,10 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = (xr[k] - mean) * rstd{scale}{shift};"
     );
     src.push_str("    }\n}\n");
-    Ok(Fragment {
-        name: name.to_string(),
-        action: action.clone(),
-        source: src,
-        inputs,
-        outputs: vec![TensorRef::first(node)],
-        region: vec![node],
-        launch: Launch {
-            grid: rows.clamp(1, WAVES * 2) as u32,
-            block,
-            sizes: vec![rows as i64, k as i64],
-        },
-    })
-}
-
-fn lit(v: f64) -> Result<String, Refusal> {
-    if !v.is_finite() {
-        return Err(Refusal::new(format!(
-            "the constant {v} has no float literal"
-        )));
-    }
-    Ok(format!("{:e}f", v as f32))
+    let launch = Launch {
+        grid: rows.clamp(1, WAVES * 2) as u32,
+        block,
+        sizes: vec![rows as i64, k as i64],
+    };
+    Ok(one_node(name, action, src, inputs, node, launch))
 }
