@@ -131,6 +131,33 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
+    /// Optimize a set of KernelBench problems and print KernelBench's
+    /// metrics: correctness, fast_0/1/2, geomean speedup over eager and
+    /// torch.compile (timed in the same run), mean roofline fraction. Every
+    /// problem's result is kept as it finishes; run again with the same
+    /// --out to resume.
+    Bench {
+        /// Problems by name (`L1/19`, `L2/12_Gemm_Multiply_LeakyReLU`).
+        problems: Vec<String>,
+        /// Every problem of this level (repeatable).
+        #[arg(long = "level", value_name = "N")]
+        levels: Vec<u32>,
+        /// Every problem.
+        #[arg(long)]
+        all: bool,
+        /// Where the results, the generated code and the reports go.
+        #[arg(long, value_name = "DIR", default_value = "mtmc-bench")]
+        out: PathBuf,
+        /// The code to write.
+        #[arg(long, value_enum, default_value = "cuda")]
+        target: cmd::bench::Target,
+        /// Seconds before a candidate's evaluation is stopped.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// Forget the results already in --out and start over.
+        #[arg(long)]
+        fresh: bool,
+    },
     /// Benchmark the evaluation environment on the GPU: wall seconds per
     /// candidate (compile + 5 correctness trials + 100 timed trials) on the
     /// fast path (NVRTC, Triton) and the load_inline path, candidates per
@@ -260,6 +287,27 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 },
             )
         }
+        Command::Bench {
+            problems,
+            levels,
+            all,
+            out: out_dir,
+            target,
+            timeout,
+            fresh,
+        } => cmd::bench::run(
+            out,
+            cmd::bench::Request {
+                kernelbench: kb,
+                names: &problems,
+                levels: &levels,
+                all,
+                out_dir: &out_dir,
+                target,
+                timeout: std::time::Duration::from_secs(timeout),
+                fresh,
+            },
+        ),
         Command::BenchEnv {
             copies,
             triton_copies,

@@ -717,3 +717,77 @@ fn optimize_exports_a_model_new_python_can_parse_for_level_1_and_2_problems() {
         out.stdout
     );
 }
+
+#[test]
+fn bench_keeps_each_result_resumes_where_it_stopped_and_starts_over_on_fresh() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("bench");
+    let kb = shared_jsonl();
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "bench",
+            "L1/19",
+            "L1/20",
+            "--kernelbench",
+            &kb,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run = |extra: &[&'static str]| {
+        let a = args(extra);
+        mtmc(&a.iter().map(String::as_str).collect::<Vec<_>>()).success()
+    };
+    let first = run(&[]);
+    assert!(
+        first.stdout.contains("2 problem(s), 0 already done"),
+        "{}",
+        first.stdout
+    );
+    assert!(
+        first.stdout.contains("| L1 | 2 | 2 | 0 |"),
+        "both compiled, neither call-library only: {}",
+        first.stdout
+    );
+    let results = std::fs::read_to_string(out_dir.join("results.jsonl")).unwrap();
+    assert_eq!(results.lines().count(), 2, "{results}");
+    assert!(out_dir.join("L1_19_ReLU/model_new.py").is_file());
+    let bench: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
+            .unwrap();
+    assert_eq!(bench["levels"]["L1"]["compiled_only"], 2, "{bench}");
+
+    // A run cut short keeps its finished lines; a torn last line is
+    // dropped and that problem runs again.
+    let kept = results.lines().next().unwrap().to_string();
+    std::fs::write(
+        out_dir.join("results.jsonl"),
+        format!("{kept}\n{{\"problem\": \"L1/8"),
+    )
+    .unwrap();
+    let second = run(&[]);
+    assert!(
+        second.stdout.contains("2 problem(s), 1 already done"),
+        "{}",
+        second.stdout
+    );
+    let fresh = run(&["--fresh"]);
+    assert!(
+        fresh.stdout.contains("2 problem(s), 0 already done"),
+        "{}",
+        fresh.stdout
+    );
+    let results = std::fs::read_to_string(out_dir.join("results.jsonl")).unwrap();
+    assert_eq!(results.lines().count(), 2, "{results}");
+}
+
+#[test]
+fn bench_says_triton_is_not_written_yet() {
+    let out = mtmc(&["bench", "L1/19", "--target", "triton"]).failure();
+    assert!(out.error.contains("CUDA fragments only"), "{}", out.error);
+}

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod bench_env;
 pub mod compile;
 pub mod doctor;

@@ -120,7 +120,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 add_roofline(&mut o, &g, &specs);
                 Ok(o)
             })?;
-            conclude(out, req.out_dir, text, found, |program| {
+            let wrote = conclude(out, req.out_dir, text, found, |program| {
                 let cuda = to_cuda_program(&g, program).map_err(anyhow::Error::msg)?;
                 write(req.out_dir, "program.cu", &cuda.source)?;
                 write(
@@ -129,82 +129,179 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                     &(serde_json::to_string_pretty(&cuda)? + "\n"),
                 )?;
                 Ok("program.json, program.cu")
-            })
+            })?;
+            if !wrote {
+                bail!(
+                    "no variant was correct; the attempts are in {}",
+                    req.out_dir.join("report.json").display()
+                );
+            }
+            Ok(())
         }
         Subject::Problem { kernelbench, name } => {
             let problems = crate::source::Problems::load(*kernelbench)?;
             let p = problems.find(name)?;
-            if p.code.is_empty() {
-                bail!(
-                    "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
-                );
-            }
             let traced = problems.graphs(&[p])?.remove(0);
             let g = traced
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
-            let regions = regions(&g)?;
-            // Without kernels, the variants are one program.
-            let variants: &[Params] = if regions.is_empty() {
-                &VARIANTS[..1]
-            } else {
-                &VARIANTS
-            };
-            let library = g
-                .nodes()
-                .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
-                .count();
-            writeln!(
-                out,
-                "{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), {}",
-                regions.len(),
-                regions.iter().map(Vec::len).sum::<usize>(),
-                if regions.is_empty() {
-                    " (call-library only)"
-                } else {
-                    ""
-                },
-                variants.len(),
-                how("judged by the worker against the PyTorch model"),
-            )?;
-            let settings = WorkerSettings {
-                baselines: vec!["eager".into(), "compile".into()],
-                baseline_cache: crate::source::cache_dir().map(|d| d.join("baselines")),
-                limit: req.timeout,
-                ..WorkerSettings::default()
-            };
-            let mut worker = WorkerEvaluator::new(WorkerSlot::new(None), settings);
-            let problem = ProblemSource {
-                name: format!("{}.py", p.name),
-                code: p.code.clone(),
-                graph: None,
-            };
-            let found = search(out, &g, &regions, variants, |program, label| {
-                let code = mtmc_coder::export::to_model_new(&g, program, &p.code)
-                    .map_err(anyhow::Error::msg)?;
-                if !gpu {
-                    // Every fragment compiled when it was proposed.
-                    return Ok(Outcome::new(
-                        EvaluatorKind::CompileOnly,
-                        Status::CompiledOnly,
-                    ));
-                }
-                let candidate = Candidate::Python {
-                    name: format!("model_new {label}"),
-                    code,
-                };
-                let mut o = runtime.block_on(worker.evaluate(&problem, &candidate))?;
-                add_roofline(&mut o, &g, &specs);
-                Ok(o)
-            })?;
-            conclude(out, req.out_dir, &p.full_name(), found, |program| {
-                let code = mtmc_coder::export::to_model_new(&g, program, &p.code)
-                    .map_err(anyhow::Error::msg)?;
-                write(req.out_dir, "model_new.py", &code)?;
-                Ok("model_new.py")
-            })
+            let mut judge = ProblemJudge::new(gpu, req.timeout, true);
+            let summary = optimize_problem(out, p, &g, &mut judge, req.out_dir)?;
+            if summary.best.is_none() {
+                bail!(
+                    "no variant was correct; the attempts are in {}",
+                    req.out_dir.join("report.json").display()
+                );
+            }
+            Ok(())
         }
     }
+}
+
+/// Judges a KernelBench problem's programs: as exported `ModelNew` files by
+/// one persistent worker (kept across problems), or by compile only when
+/// the machine has no GPU.
+pub struct ProblemJudge {
+    gpu: bool,
+    runtime: tokio::runtime::Runtime,
+    worker: WorkerEvaluator,
+}
+
+impl ProblemJudge {
+    /// A judge; `cache_baselines` reads eager and torch.compile timings from
+    /// the cache instead of timing them in this run.
+    pub fn new(gpu: bool, timeout: Duration, cache_baselines: bool) -> ProblemJudge {
+        let settings = WorkerSettings {
+            baselines: vec!["eager".into(), "compile".into()],
+            baseline_cache: if cache_baselines {
+                crate::source::cache_dir().map(|d| d.join("baselines"))
+            } else {
+                None
+            },
+            limit: timeout,
+            ..WorkerSettings::default()
+        };
+        ProblemJudge {
+            gpu,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread runtime starts"),
+            worker: WorkerEvaluator::new(WorkerSlot::new(None), settings),
+        }
+    }
+}
+
+/// What optimizing one problem found.
+#[derive(Debug, serde::Serialize)]
+pub struct Summary {
+    /// Kernels the program is cut into.
+    pub kernels: usize,
+    /// Ops kept as library calls (torch / cuBLAS / cuDNN).
+    pub library_calls: usize,
+    /// Launch variants tried.
+    pub variants: usize,
+    /// Variants built and handed to the evaluator (the rest were refused
+    /// or did not compile, and were rolled back).
+    pub judged: usize,
+    /// Judged variants that were correct.
+    pub correct: usize,
+    /// The best variant's outcome; `None` when no variant was correct (or,
+    /// without a GPU, none compiled).
+    pub best: Option<Outcome>,
+    /// The best variant's parameters.
+    pub params: Option<Params>,
+}
+
+/// Optimizes one KernelBench problem: every variant built, judged and
+/// reported to `out`; the report and the best `ModelNew` written to
+/// `out_dir`. Errors when the graph has an op no family covers.
+pub fn optimize_problem(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    out_dir: &Path,
+) -> Result<Summary> {
+    if p.code.is_empty() {
+        bail!(
+            "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+        );
+    }
+    let specs = builtin_devices();
+    let regions = regions(g)?;
+    // Without kernels, the variants are one program.
+    let variants: &[Params] = if regions.is_empty() {
+        &VARIANTS[..1]
+    } else {
+        &VARIANTS
+    };
+    let library = g
+        .nodes()
+        .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
+        .count();
+    writeln!(
+        out,
+        "{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), {}",
+        regions.len(),
+        regions.iter().map(Vec::len).sum::<usize>(),
+        if regions.is_empty() {
+            " (call-library only)"
+        } else {
+            ""
+        },
+        variants.len(),
+        if judge.gpu {
+            "judged by the worker against the PyTorch model"
+        } else {
+            "judged by compile only (no GPU: nothing is run or timed)"
+        },
+    )?;
+    let problem = ProblemSource {
+        name: format!("{}.py", p.name),
+        code: p.code.clone(),
+        graph: None,
+    };
+    let found = search(out, g, &regions, variants, |program, label| {
+        let code =
+            mtmc_coder::export::to_model_new(g, program, &p.code).map_err(anyhow::Error::msg)?;
+        if !judge.gpu {
+            // Every fragment compiled when it was proposed.
+            return Ok(Outcome::new(
+                EvaluatorKind::CompileOnly,
+                Status::CompiledOnly,
+            ));
+        }
+        let candidate = Candidate::Python {
+            name: format!("model_new {label}"),
+            code,
+        };
+        let mut o = judge
+            .runtime
+            .block_on(judge.worker.evaluate(&problem, &candidate))?;
+        add_roofline(&mut o, g, &specs);
+        Ok(o)
+    })?;
+    let mut summary = Summary {
+        kernels: regions.len(),
+        library_calls: library,
+        variants: variants.len(),
+        judged: found.judged,
+        correct: found.correct,
+        best: None,
+        params: None,
+    };
+    if let Some((_, _, params, o)) = &found.best {
+        summary.best = Some(o.clone());
+        summary.params = Some(*params);
+    }
+    conclude(out, out_dir, &p.full_name(), found, |program| {
+        let code =
+            mtmc_coder::export::to_model_new(g, program, &p.code).map_err(anyhow::Error::msg)?;
+        write(out_dir, "model_new.py", &code)?;
+        Ok("model_new.py")
+    })?;
+    Ok(summary)
 }
 
 fn add_roofline(o: &mut Outcome, g: &OpGraph, specs: &[mtmc_actions::device::DeviceSpec]) {
@@ -217,7 +314,10 @@ fn add_roofline(o: &mut Outcome, g: &OpGraph, specs: &[mtmc_actions::device::Dev
 /// nothing was run and the program only compiled).
 struct Found {
     attempts: Vec<serde_json::Value>,
-    best: Option<(f64, Program, Params)>,
+    /// Programs handed to the evaluator, and how many it found correct.
+    judged: usize,
+    correct: usize,
+    best: Option<(f64, Program, Params, Outcome)>,
 }
 
 /// Builds each variant and judges it with `judge`, printing a line each.
@@ -230,6 +330,8 @@ fn search(
 ) -> Result<Found> {
     let mut found = Found {
         attempts: Vec::new(),
+        judged: 0,
+        correct: 0,
         best: None,
     };
     for &params in variants {
@@ -251,6 +353,8 @@ fn search(
             }
         };
         let o = judge(&program, &label)?;
+        found.judged += 1;
+        found.correct += usize::from(o.status == Status::Correct);
         match (o.status, &o.runtime) {
             (Status::Correct, Some(rt)) => {
                 let mut line = format!("  {label}: correct, {:.4} ms", rt.mean_ms);
@@ -273,15 +377,15 @@ fn search(
                 if found
                     .best
                     .as_ref()
-                    .is_none_or(|(ms, _, _)| rt.mean_ms < *ms)
+                    .is_none_or(|(ms, _, _, _)| rt.mean_ms < *ms)
                 {
-                    found.best = Some((rt.mean_ms, program, params));
+                    found.best = Some((rt.mean_ms, program, params, o.clone()));
                 }
             }
             (Status::CompiledOnly, _) => {
                 writeln!(out, "  {label}: compiled, not run")?;
                 if found.best.is_none() {
-                    found.best = Some((f64::INFINITY, program, params));
+                    found.best = Some((f64::INFINITY, program, params, o.clone()));
                 }
             }
             (status, _) => {
@@ -298,14 +402,15 @@ fn search(
 }
 
 /// Writes the report and the best program (through `write_best`, which
-/// names the files it wrote), and says what was found.
+/// names the files it wrote), and says what was found: whether there was
+/// a program to write.
 fn conclude(
     out: &mut dyn std::io::Write,
     out_dir: &Path,
     subject: &str,
     found: Found,
     write_best: impl FnOnce(&Program) -> Result<&'static str>,
-) -> Result<()> {
+) -> Result<bool> {
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
     let report = serde_json::json!({"subject": subject, "attempts": found.attempts});
@@ -314,11 +419,8 @@ fn conclude(
         "report.json",
         &(serde_json::to_string_pretty(&report)? + "\n"),
     )?;
-    let Some((ms, program, params)) = found.best else {
-        bail!(
-            "no variant was correct; the attempts are in {}",
-            out_dir.join("report.json").display()
-        );
+    let Some((ms, program, params, _)) = found.best else {
+        return Ok(false);
     };
     let files = write_best(&program)?;
     if ms.is_finite() {
@@ -338,7 +440,7 @@ fn conclude(
             out_dir.display()
         )?;
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Whether the node at `index` is computed by a kernel of its own that

@@ -1,0 +1,493 @@
+//! `mtmc bench`: `optimize` over a set of KernelBench problems, with
+//! KernelBench's metrics.
+//!
+//! Every finished problem is appended to `DIR/results.jsonl` at once, so a
+//! run stopped by Ctrl-C (or a crash) keeps what it finished and the next
+//! run with the same `--out` starts where it stopped. `DIR/bench.json`
+//! holds the summary and every problem's record; each problem's generated
+//! code, report and log are in `DIR/L<level>_<name>/`.
+//!
+//! Metrics, per level and over all: correct programs (and those that are
+//! library calls only, counted apart); fast_p, the fraction of problems
+//! with a correct program more than p times as fast as eager PyTorch;
+//! geometric-mean speedups over eager and torch.compile, both timed in
+//! this run, taken over the problems with a correct timed program; the
+//! mean fraction of the roofline; and the fraction of judged programs
+//! that were correct.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use mtmc_actions::problem::Problem;
+use mtmc_env::outcome::Status;
+use serde::{Deserialize, Serialize};
+
+use crate::cmd::optimize::{ProblemJudge, optimize_problem};
+
+/// Which code the coder writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// CUDA C++ kernels (NVRTC through cupy in the `ModelNew`).
+    Cuda,
+    /// Triton kernels.
+    Triton,
+}
+
+/// What `mtmc bench` was asked to do.
+pub struct Request<'a> {
+    /// `--kernelbench`.
+    pub kernelbench: Option<&'a Path>,
+    /// Problems by name; empty with `levels` or `all`.
+    pub names: &'a [String],
+    /// Whole levels.
+    pub levels: &'a [u32],
+    /// Every problem.
+    pub all: bool,
+    /// Where everything goes.
+    pub out_dir: &'a Path,
+    /// The code to write.
+    pub target: Target,
+    /// Limit per candidate.
+    pub timeout: Duration,
+    /// Forget earlier results in `out_dir` and start over.
+    pub fresh: bool,
+}
+
+/// One problem's result: a line of `results.jsonl`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    /// `L1/19_ReLU`.
+    pub problem: String,
+    /// Its level.
+    pub level: u32,
+    /// `correct`, `compiled_only`, `no_correct_variant`, `not_covered` or
+    /// `error`.
+    pub status: String,
+    /// Why it is not correct, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The program has no kernel: every op is a library call.
+    pub call_library_only: bool,
+    /// Kernels in the program.
+    pub kernels: usize,
+    /// Ops kept as library calls.
+    pub library_calls: usize,
+    /// Variants handed to the evaluator, and how many were correct.
+    pub judged: usize,
+    /// Correct judged variants.
+    pub judged_correct: usize,
+    /// The best program's mean time, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_ms: Option<f64>,
+    /// Eager PyTorch's mean time, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eager_ms: Option<f64>,
+    /// torch.compile's mean time, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_ms: Option<f64>,
+    /// Eager time over the program's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_eager: Option<f64>,
+    /// torch.compile time over the program's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_compile: Option<f64>,
+    /// Roofline time over the program's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofline_fraction: Option<f64>,
+    /// Wall seconds spent on the problem.
+    pub seconds: f64,
+    /// The folder with its code and report, relative to the bench folder.
+    pub dir: String,
+}
+
+/// The metrics over a set of records.
+#[derive(Debug, Default, Serialize)]
+pub struct Metrics {
+    /// Problems.
+    pub problems: usize,
+    /// With a correct program.
+    pub correct: usize,
+    /// Of which the program is library calls only.
+    pub correct_call_library_only: usize,
+    /// Compiled but not run (no GPU).
+    pub compiled_only: usize,
+    /// Of which the program is library calls only.
+    pub compiled_only_call_library_only: usize,
+    /// fast_0 (= correct / problems), fast_1, fast_2.
+    pub fast: [f64; 3],
+    /// Geometric-mean speedup over eager, over correct timed problems.
+    pub geomean_vs_eager: Option<f64>,
+    /// The same over torch.compile.
+    pub geomean_vs_compile: Option<f64>,
+    /// Mean fraction of the roofline over correct timed problems.
+    pub mean_roofline_fraction: Option<f64>,
+    /// Judged programs, and the fraction of them that were correct.
+    pub judged: usize,
+    /// Correct judged programs over judged programs.
+    pub judged_correct_fraction: Option<f64>,
+}
+
+impl Metrics {
+    /// The metrics of `records`.
+    pub fn of<'a>(records: impl IntoIterator<Item = &'a Record>) -> Metrics {
+        let records: Vec<&Record> = records.into_iter().collect();
+        let correct: Vec<&&Record> = records.iter().filter(|r| r.status == "correct").collect();
+        let n = records.len();
+        let fast = |p: f64| {
+            if n == 0 {
+                return 0.0;
+            }
+            let k = correct
+                .iter()
+                .filter(|r| p == 0.0 || r.speedup_eager.is_some_and(|s| s > p))
+                .count();
+            k as f64 / n as f64
+        };
+        let geomean = |f: &dyn Fn(&Record) -> Option<f64>| {
+            let v: Vec<f64> = correct.iter().filter_map(|r| f(r)).collect();
+            (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
+        };
+        let roof: Vec<f64> = correct.iter().filter_map(|r| r.roofline_fraction).collect();
+        let judged: usize = records.iter().map(|r| r.judged).sum();
+        let judged_correct: usize = records.iter().map(|r| r.judged_correct).sum();
+        Metrics {
+            problems: n,
+            correct: correct.len(),
+            correct_call_library_only: correct.iter().filter(|r| r.call_library_only).count(),
+            compiled_only: records
+                .iter()
+                .filter(|r| r.status == "compiled_only")
+                .count(),
+            compiled_only_call_library_only: records
+                .iter()
+                .filter(|r| r.status == "compiled_only" && r.call_library_only)
+                .count(),
+            fast: [fast(0.0), fast(1.0), fast(2.0)],
+            geomean_vs_eager: geomean(&|r| r.speedup_eager),
+            geomean_vs_compile: geomean(&|r| r.speedup_compile),
+            mean_roofline_fraction: (!roof.is_empty())
+                .then(|| roof.iter().sum::<f64>() / roof.len() as f64),
+            judged,
+            judged_correct_fraction: (judged > 0).then(|| judged_correct as f64 / judged as f64),
+        }
+    }
+}
+
+/// The folder name of a problem's results.
+fn dir_name(p: &Problem) -> String {
+    format!("L{}_{}", p.level, p.name)
+}
+
+/// Runs the bench and prints the table.
+pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
+    if req.target == Target::Triton {
+        bail!(
+            "--target triton: the template coder writes CUDA fragments only today; use --target cuda"
+        );
+    }
+    let problems = crate::source::Problems::load(req.kernelbench)?;
+    let mut chosen: Vec<&Problem> = Vec::new();
+    for name in req.names {
+        chosen.push(problems.find(name)?);
+    }
+    chosen.extend(
+        problems
+            .list
+            .iter()
+            .filter(|p| req.all || req.levels.contains(&p.level)),
+    );
+    let mut seen = std::collections::HashSet::new();
+    chosen.retain(|p| seen.insert(p.full_name()));
+    if chosen.is_empty() {
+        bail!("name the problems to bench, or pass --level N (repeatable) or --all");
+    }
+    if chosen.iter().any(|p| p.code.is_empty()) {
+        bail!(
+            "bench needs the problems' code for their ModelNew files: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+        );
+    }
+    std::fs::create_dir_all(req.out_dir)
+        .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
+    let results_path = req.out_dir.join("results.jsonl");
+    if req.fresh && results_path.exists() {
+        std::fs::remove_file(&results_path)
+            .with_context(|| format!("cannot remove `{}`", results_path.display()))?;
+    }
+    let mut done: BTreeMap<String, Record> = BTreeMap::new();
+    if let Ok(text) = std::fs::read_to_string(&results_path) {
+        for (i, line) in text.lines().enumerate() {
+            // A line cut short by a kill is dropped; the problem runs again.
+            match serde_json::from_str::<Record>(line) {
+                Ok(r) => {
+                    done.insert(r.problem.clone(), r);
+                }
+                Err(_) if i + 1 == text.lines().count() => {}
+                Err(e) => bail!(
+                    "`{}` line {} is not a result ({e}); pass --fresh to start over",
+                    results_path.display(),
+                    i + 1
+                ),
+            }
+        }
+    }
+    let todo: Vec<&Problem> = chosen
+        .iter()
+        .copied()
+        .filter(|p| !done.contains_key(&p.full_name()))
+        .collect();
+    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    writeln!(
+        out,
+        "bench: {} problem(s), {} already done in {} ({}), {} to run; {}",
+        chosen.len(),
+        chosen.len() - todo.len(),
+        req.out_dir.display(),
+        if done.is_empty() {
+            "none"
+        } else {
+            "pass --fresh to start over"
+        },
+        todo.len(),
+        if gpu {
+            "judged on the GPU; eager and torch.compile timed in this run"
+        } else {
+            "no GPU: compile only, nothing is run or timed"
+        }
+    )?;
+    let mut judge = ProblemJudge::new(gpu, req.timeout, false);
+    let mut results = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&results_path)
+        .with_context(|| format!("cannot open `{}`", results_path.display()))?;
+    let bar = ProgressBar::new(todo.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
+            .expect("a valid template"),
+    );
+    for p in &todo {
+        bar.set_message(p.full_name());
+        let record = bench_one(&problems, p, &mut judge, req.out_dir);
+        let line = bench_line(&record);
+        bar.suspend(|| writeln!(out, "{line}"))?;
+        writeln!(results, "{}", serde_json::to_string(&record)?)
+            .and_then(|()| results.sync_data())
+            .with_context(|| format!("cannot write `{}`", results_path.display()))?;
+        done.insert(record.problem.clone(), record);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let records: Vec<&Record> = chosen
+        .iter()
+        .filter_map(|p| done.get(&p.full_name()))
+        .collect();
+    let mut levels: BTreeMap<String, Metrics> = BTreeMap::new();
+    let level_set: std::collections::BTreeSet<u32> = records.iter().map(|r| r.level).collect();
+    for l in &level_set {
+        levels.insert(
+            format!("L{l}"),
+            Metrics::of(records.iter().copied().filter(|r| r.level == *l)),
+        );
+    }
+    levels.insert("all".into(), Metrics::of(records.iter().copied()));
+    let summary = serde_json::json!({
+        "target": "cuda",
+        "gpu": gpu,
+        "levels": levels,
+        "problems": records,
+    });
+    let bench_json = req.out_dir.join("bench.json");
+    std::fs::write(&bench_json, serde_json::to_string_pretty(&summary)? + "\n")
+        .with_context(|| format!("cannot write `{}`", bench_json.display()))?;
+    writeln!(out)?;
+    print_table(out, &levels, gpu)?;
+    let missed: Vec<&&Record> = records
+        .iter()
+        .filter(|r| r.status != "correct" && r.status != "compiled_only")
+        .collect();
+    if !missed.is_empty() {
+        let what = if gpu { "not correct" } else { "not compiled" };
+        writeln!(out, "\n{what} ({}):", missed.len())?;
+        for r in missed {
+            writeln!(
+                out,
+                "  {} — {}: {}",
+                r.problem,
+                r.status,
+                r.why.as_deref().unwrap_or("").lines().next().unwrap_or("")
+            )?;
+        }
+    }
+    writeln!(out, "\nwrote {}", bench_json.display())?;
+    Ok(())
+}
+
+/// Optimizes one problem, its log and code in its own folder.
+fn bench_one(
+    problems: &crate::source::Problems,
+    p: &Problem,
+    judge: &mut ProblemJudge,
+    root: &Path,
+) -> Record {
+    let started = Instant::now();
+    let dir = dir_name(p);
+    let out_dir = root.join(&dir);
+    let mut record = Record {
+        problem: p.full_name(),
+        level: p.level,
+        status: "error".into(),
+        why: None,
+        call_library_only: false,
+        kernels: 0,
+        library_calls: 0,
+        judged: 0,
+        judged_correct: 0,
+        mean_ms: None,
+        eager_ms: None,
+        compile_ms: None,
+        speedup_eager: None,
+        speedup_compile: None,
+        roofline_fraction: None,
+        seconds: 0.0,
+        dir: dir.clone(),
+    };
+    let mut log = Vec::new();
+    let result = std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("cannot create `{}`", out_dir.display()))
+        .and_then(|()| {
+            let traced = problems.graphs(&[p])?.remove(0);
+            traced
+                .graph
+                .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))
+        });
+    match result.and_then(|g| optimize_problem(&mut log, p, &g, judge, &out_dir)) {
+        Ok(s) => {
+            record.kernels = s.kernels;
+            record.library_calls = s.library_calls;
+            record.call_library_only = s.kernels == 0;
+            record.judged = s.judged;
+            record.judged_correct = s.correct;
+            match s.best {
+                Some(o) if o.status == Status::Correct => {
+                    record.status = "correct".into();
+                    record.mean_ms = o.runtime.as_ref().map(|t| t.mean_ms);
+                    let base = |b: &str| {
+                        o.baselines
+                            .get(b)
+                            .and_then(|b| b.timing.as_ref())
+                            .map(|t| t.mean_ms)
+                    };
+                    record.eager_ms = base("eager");
+                    record.compile_ms = base("compile");
+                    record.speedup_eager = o.speedup_vs("eager");
+                    record.speedup_compile = o.speedup_vs("compile");
+                    record.roofline_fraction = o.achieved.as_ref().map(|a| a.roofline_fraction);
+                }
+                Some(_) => record.status = "compiled_only".into(),
+                None => {
+                    record.status = "no_correct_variant".into();
+                    record.why = Some(last_failure(&log));
+                }
+            }
+        }
+        Err(e) => {
+            let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
+            let why = chain.join(": ");
+            record.status = if why.contains("no family yet") {
+                "not_covered".into()
+            } else {
+                "error".into()
+            };
+            record.why = Some(why.clone());
+            let _ = writeln!(log, "error: {why}");
+        }
+    }
+    record.seconds = started.elapsed().as_secs_f64();
+    let _ = std::fs::write(out_dir.join("log.txt"), &log);
+    record
+}
+
+/// The reason on the log's last rolled-back or failed variant.
+fn last_failure(log: &[u8]) -> String {
+    String::from_utf8_lossy(log)
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once(": ").map(|(_, why)| why.trim().to_string()))
+        .unwrap_or_else(|| "no variant was correct".into())
+}
+
+/// One line per finished problem.
+fn bench_line(r: &Record) -> String {
+    let mut line = format!("{:<58} {:<18}", r.problem, r.status);
+    if let (Some(ms), Some(e)) = (r.mean_ms, r.speedup_eager) {
+        line += &format!(" {ms:>9.4} ms  x{e:.3} eager");
+        if let Some(c) = r.speedup_compile {
+            line += &format!("  x{c:.3} compile");
+        }
+    } else if let Some(why) = &r.why {
+        line += " ";
+        line += why.lines().next().unwrap_or("");
+    }
+    if r.call_library_only {
+        line += "  [call-library only]";
+    }
+    line
+}
+
+fn print_table(
+    out: &mut dyn std::io::Write,
+    levels: &BTreeMap<String, Metrics>,
+    gpu: bool,
+) -> Result<()> {
+    let opt = |v: Option<f64>, pct: bool| match v {
+        Some(x) if pct => format!("{:.0}%", 100.0 * x),
+        Some(x) => format!("{x:.3}"),
+        None => "-".into(),
+    };
+    if !gpu {
+        writeln!(
+            out,
+            "| level | problems | compiled (not run) | of which call-library only |"
+        )?;
+        writeln!(out, "|---|---|---|---|")?;
+        for (name, m) in levels {
+            writeln!(
+                out,
+                "| {name} | {} | {} | {} |",
+                m.problems, m.compiled_only, m.compiled_only_call_library_only
+            )?;
+        }
+        writeln!(
+            out,
+            "\nno GPU: programs were compiled with NVRTC; nothing was run or timed, so correctness and speed are unknown"
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "| level | problems | correct | of which call-library only | fast_0 | fast_1 | fast_2 | geomean vs eager | geomean vs compile | mean roofline | judged correct |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|")?;
+    for (name, m) in levels {
+        writeln!(
+            out,
+            "| {name} | {} | {} | {} | {:.0}% | {:.0}% | {:.0}% | {} | {} | {} | {} of {} |",
+            m.problems,
+            m.correct,
+            m.correct_call_library_only,
+            100.0 * m.fast[0],
+            100.0 * m.fast[1],
+            100.0 * m.fast[2],
+            opt(m.geomean_vs_eager, false),
+            opt(m.geomean_vs_compile, false),
+            opt(m.mean_roofline_fraction, true),
+            opt(m.judged_correct_fraction, true),
+            m.judged,
+        )?;
+    }
+    Ok(())
+}
