@@ -731,6 +731,17 @@ impl Op {
     pub fn is_source(&self) -> bool {
         self.class() == OpClass::Source
     }
+
+    /// Whether the op's output is its first input's elements, in the same
+    /// order, under a new shape: a view of dense memory that costs no
+    /// kernel (reshape and its kin, a copy of a dense tensor, inactive
+    /// dropout).
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Op::Layout(Layout::Reshape | Layout::Copy) | Op::Dropout { active: false, .. }
+        )
+    }
 }
 
 fn dims(v: &[u64]) -> String {

@@ -21,7 +21,11 @@ pub fn library_op(op: &Op) -> bool {
     matches!(op, Op::MatMul(_) | Op::Conv(_))
 }
 
+/// A Python tuple literal (`()` for a scalar's shape).
 fn tuple(v: &[u64]) -> String {
+    if v.is_empty() {
+        return "()".into();
+    }
     let items: Vec<String> = v.iter().map(u64::to_string).collect();
     format!("({},)", items.join(", "))
 }
@@ -135,6 +139,21 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                 let v = format!("p_{}", ident(name));
                 params.push((v.clone(), name.clone(), *trainable));
                 var.insert(t, v);
+                continue;
+            }
+            op if op.is_view() => {
+                // Dense memory under a new shape: a torch view, no kernel.
+                let input = g.inputs(id)[0];
+                let v = var.get(&input).ok_or_else(|| {
+                    format!("`{}` is read before it is computed", g.node(input.node).name)
+                })?;
+                let view = format!("t{}", id.index());
+                let _ = writeln!(
+                    body,
+                    "        {view} = {v}.view({})",
+                    tuple(&node.outputs[0].shape)
+                );
+                var.insert(t, view);
                 continue;
             }
             _ => {}

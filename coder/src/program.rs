@@ -43,6 +43,15 @@ pub struct Fragment {
     pub launch: Launch,
 }
 
+/// The tensor whose memory `t` is: `t` itself, or for a view, the
+/// tensor it views (through chains of views).
+pub fn storage(g: &OpGraph, mut t: TensorRef) -> TensorRef {
+    while g.node(t.node).op.is_view() {
+        t = g.inputs(t.node)[0];
+    }
+    t
+}
+
 /// Fragments in execution order.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Program {
@@ -89,11 +98,11 @@ impl Program {
         Program { fragments }
     }
 
-    /// The graph nodes (not sources) no fragment computes yet.
+    /// The graph nodes (not sources, not views) no fragment computes yet.
     pub fn missing(&self, g: &OpGraph) -> Vec<NodeId> {
         let covered = self.covered();
         g.nodes()
-            .filter(|(id, n)| !n.op.is_source() && !covered.contains(id))
+            .filter(|(id, n)| !n.op.is_source() && !n.op.is_view() && !covered.contains(id))
             .map(|(id, _)| id)
             .collect()
     }

@@ -8,7 +8,7 @@ use mtmc_actions::graph::{OpGraph, TensorRef};
 use mtmc_actions::op::Op;
 use mtmc_env::native::{Arg, Buffer, CudaProgram, Launch};
 
-use crate::program::Program;
+use crate::program::{Program, storage};
 
 /// The CUDA program, or why the program cannot be one yet.
 pub fn to_cuda_program(g: &OpGraph, p: &Program) -> Result<CudaProgram, String> {
@@ -31,6 +31,9 @@ pub fn to_cuda_program(g: &OpGraph, p: &Program) -> Result<CudaProgram, String> 
         }
     }
     for (k, t) in g.outputs().iter().enumerate() {
+        // An output that views a computed tensor is written where that
+        // tensor is.
+        let t = &storage(g, *t);
         if buffer_of.contains_key(t) {
             return Err(format!(
                 "output {k} is an input passed through; there is nothing to compute"
@@ -66,7 +69,7 @@ pub fn to_cuda_program(g: &OpGraph, p: &Program) -> Result<CudaProgram, String> 
         source.push('\n');
         let mut args = Vec::new();
         for t in f.inputs.iter().chain(&f.outputs) {
-            let b = buffer_of.get(t).ok_or_else(|| {
+            let b = buffer_of.get(&storage(g, *t)).ok_or_else(|| {
                 format!(
                     "{} reads `{}`, which nothing before it writes",
                     f.name,

@@ -188,3 +188,53 @@ fn max_and_average_pooling_compile_with_torchs_divisor() {
         assert!(f.source.contains(divisor), "{name}:\n{}", f.source);
     }
 }
+
+#[test]
+fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
+    for (name, layout) in [
+        // BatchNorm2d after a convolution: a block per channel.
+        ("52_Conv2d_Activation_BatchNorm", "for (long long ch = blockIdx.x;"),
+        // BatchNorm1d after a GEMM: 32 channels a block, warps along rows.
+        ("39_Gemm_Scale_BatchNorm", "x[r * C + ch]"),
+    ] {
+        let g = traced(2, name);
+        let node = g
+            .nodes()
+            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_)))
+            .unwrap()
+            .0;
+        let action = Action {
+            kind: ActionKind::CustomKernel,
+            region: vec![node.index() as u32],
+            params: Params::default(),
+        };
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f, name);
+        assert!(f.source.contains(layout), "{name}:\n{}", f.source);
+        assert!(f.source.contains("* w[ch]") && f.source.contains("+ b[ch]"));
+    }
+}
+
+#[test]
+fn few_long_rows_split_across_blocks_and_the_last_block_combines() {
+    for op in ["sum", "mean", "max", "min", "norm"] {
+        let g = graph(&format!("y = {op}(x, dim=1)"), "x=4x1048576");
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &last_node(&g))
+            .unwrap();
+        compiles(&f, op);
+        assert!(f.source.contains("__device__ float k0_rows_part["), "{}", f.source);
+        // The count is reset for the next launch.
+        assert!(f.source.contains("k0_rows_done[r] = 0u;"), "{}", f.source);
+        let splits = f.launch.sizes[2];
+        assert!(splits > 1, "{op}: {:?}", f.launch);
+        assert_eq!(i64::from(f.launch.grid), 4 * splits, "{op}");
+    }
+    let g = graph("y = softmax(x, dim=1)", "x=4x1048576");
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &last_node(&g))
+        .unwrap_err();
+    assert!(e.0.contains("two-stage online kernel"), "{e}");
+}

@@ -495,7 +495,7 @@ fn regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
     let mut regions: Vec<Vec<u32>> = Vec::new();
     let mut other = Vec::new();
     for (id, n) in g.nodes() {
-        if n.op.is_source() || mtmc_coder::export::library_op(&n.op) {
+        if n.op.is_source() || n.op.is_view() || mtmc_coder::export::library_op(&n.op) {
             continue;
         }
         if row_op(g, id.index() as u32) {

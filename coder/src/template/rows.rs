@@ -147,11 +147,6 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         }
     };
     let (outer, k, inner) = row_view(&shape, &dims)?;
-    if outer * inner < 132 && k > 1 << 20 {
-        return Err(Refusal::new(
-            "a reduction to fewer outputs than SMs needs a two-stage kernel (not written yet)",
-        ));
-    }
     let block = action.params.block;
     if ![64, 128, 256, 512, 1024].contains(&block) {
         return Err(Refusal::new(format!(
@@ -168,6 +163,29 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         Kind::Norm2 => format!("sqrtf({acc})"),
         _ => acc.to_string(),
     };
+    // Fewer rows than SMs, each long: the rows are split across blocks.
+    if inner == 1 && outer < 132 && k >= 1 << 16 {
+        let Some(monoid) = kind.monoid() else {
+            return Err(Refusal::new(
+                "softmax and logsumexp over fewer rows than SMs need a two-stage online kernel (not written yet)",
+            ));
+        };
+        let splits = (2 * WAVES / outer)
+            .min(k.div_ceil(u64::from(block) * 4))
+            .max(1);
+        let src = split_rows(name, kind, monoid, outer, k, splits, &finish);
+        let launch = Launch {
+            grid: (outer * splits) as u32,
+            block,
+            sizes: vec![outer as i64, k as i64, splits as i64],
+        };
+        return Ok(one_node(name, action, src, vec![input], node, launch));
+    }
+    if outer * inner < 132 && k > 1 << 20 {
+        return Err(Refusal::new(
+            "a reduction over other than the trailing dims to fewer outputs than SMs needs a two-stage kernel (not written yet)",
+        ));
+    }
     let mut src = String::new();
     let _ = writeln!(
         src,
@@ -271,6 +289,68 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     Ok(one_node(name, action, src, vec![input], node, launch))
 }
 
+/// A reduction of few long rows in one launch: `splits` blocks per row
+/// each reduce a chunk and leave a partial in module memory; the last
+/// block of a row to finish (counted with an atomic, after a fence)
+/// combines the row's partials, writes the result and resets the count
+/// for the next launch.
+fn split_rows(
+    name: &str,
+    kind: Kind,
+    (identity, map, op): (&str, &str, &str),
+    outer: u64,
+    k: u64,
+    splits: u64,
+    finish: &dyn Fn(&str) -> String,
+) -> String {
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {kind:?} over {outer} row(s) of {k}, each split across {splits} blocks"
+    );
+    let _ = writeln!(src, "__device__ float {name}_part[{}];", outer * splits);
+    let _ = writeln!(src, "__device__ unsigned int {name}_done[{outer}];");
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long rows, long long K, long long splits) {{"
+    );
+    src.push_str("    __shared__ float shared[32];\n    __shared__ bool last;\n");
+    src.push_str("    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n");
+    src.push_str("    const long long chunk = (K + splits - 1) / splits;\n");
+    src.push_str("    const long long lo = part * chunk, hi = min(K, lo + chunk);\n");
+    src.push_str("    const float* xr = x + r * K;\n    {\n");
+    let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
+    let _ = writeln!(
+        src,
+        "        for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ float v = xr[k]; {} }}",
+        step(map, op)
+    );
+    block_reduce(&mut src, "acc", op, identity);
+    src.push_str("        if (threadIdx.x == 0) {\n");
+    let _ = writeln!(src, "            {name}_part[blockIdx.x] = acc;");
+    src.push_str("            __threadfence();\n");
+    let _ = writeln!(
+        src,
+        "            last = atomicAdd(&{name}_done[r], 1u) == (unsigned int)(splits - 1);"
+    );
+    src.push_str("        }\n        __syncthreads();\n    }\n");
+    src.push_str("    if (last) {\n        __threadfence();\n");
+    let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
+    let _ = writeln!(
+        src,
+        "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ float v = ((volatile float*){name}_part)[r * splits + p]; {} }}",
+        step("v", op)
+    );
+    block_reduce(&mut src, "acc", op, identity);
+    let _ = writeln!(
+        src,
+        "        if (threadIdx.x == 0) {{ y[r] = {}; {name}_done[r] = 0u; }}",
+        finish("acc")
+    );
+    src.push_str("    }\n}\n");
+    src
+}
+
 /// Which channel a normalized element's scale and shift come from.
 fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refusal> {
     // (rows, K, expression of the affine index from r and k)
@@ -342,6 +422,9 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         return Err(Refusal::new(format!("`{}` is not float32", n.name)));
     }
     let shape = g.tensor(x).shape.clone();
+    if *kind == NormKind::Batch {
+        return batch_norm(g, action, name, *eps, *affine, *bias);
+    }
     let (rows, k, channel) = channel_of(kind, &shape)?;
     let rms = matches!(kind, NormKind::Rms { .. });
     let block = action.params.block;
@@ -417,6 +500,143 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         grid: rows.clamp(1, WAVES * 2) as u32,
         block,
         sizes: vec![rows as i64, k as i64],
+    };
+    Ok(one_node(name, action, src, inputs, node, launch))
+}
+
+/// Batch norm with the batch's statistics (training mode) on `[N, C,
+/// spatial...]`: per channel, the mean and the biased variance over the
+/// batch and the spatial dims (two passes, compensated sums), then the
+/// normalized, scaled and shifted output.
+///
+/// - With spatial dims (`S > 1`): one block per channel, its threads
+///   striding over the `N * S` elements, which run in contiguous stretches
+///   of `S`.
+/// - Without (`[N, C]`): a block covers 32 neighbouring channels, a warp
+///   reading 32 neighbouring addresses of one row; the block's
+///   `block / 32` rows of warps combine through shared memory.
+fn batch_norm(
+    g: &OpGraph,
+    action: &Action,
+    name: &str,
+    eps: f64,
+    affine: bool,
+    bias: bool,
+) -> Result<Fragment, Refusal> {
+    let node = action.nodes()[0];
+    let ins = g.inputs(node);
+    let x = ins[0];
+    let shape = g.tensor(x).shape.clone();
+    if shape.len() < 2 {
+        return Err(Refusal::new("batch norm needs [N, C, ...]"));
+    }
+    let (n, c) = (shape[0], shape[1]);
+    let spatial: u64 = shape[2..].iter().product();
+    let block = action.params.block;
+    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
+        return Err(Refusal::new(
+            "norm kernels take a block of 64 to 1024 threads and vector width 1",
+        ));
+    }
+    let mut params = vec!["const float* __restrict__ x".to_string()];
+    let mut inputs = vec![x];
+    if affine {
+        params.push("const float* __restrict__ w".into());
+        inputs.push(ins[1]);
+    }
+    if bias {
+        params.push("const float* __restrict__ b".into());
+        inputs.push(ins[2]);
+    }
+    params.extend([
+        "float* __restrict__ y".to_string(),
+        "long long N".into(),
+        "long long C".into(),
+        "long long S".into(),
+    ]);
+    let scale = if affine { " * w[ch]" } else { "" };
+    let shift = if bias { " + b[ch]" } else { "" };
+    let eps = lit(eps)?;
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: batch norm (batch statistics) of [{n}, {c}, {spatial}] (eps {eps})"
+    );
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}({}) {{",
+        params.join(", ")
+    );
+    let grid;
+    if spatial > 1 {
+        src.push_str("    __shared__ float shared[32];\n");
+        src.push_str("    const long long count = N * S;\n");
+        src.push_str("    for (long long ch = blockIdx.x; ch < C; ch += gridDim.x) {\n");
+        let sum = |src: &mut String, var: &str, term: &str| {
+            let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
+            let _ = writeln!(
+                src,
+                "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ float v = x[((i / S) * C + ch) * S + i % S]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+            );
+            block_reduce(src, var, "a + b", "0.0f");
+        };
+        sum(&mut src, "total", "v");
+        src.push_str("        const float mean = total / (float)count;\n");
+        sum(&mut src, "squares", "(v - mean) * (v - mean)");
+        let _ = writeln!(
+            src,
+            "        const float rstd = rsqrtf(squares / (float)count + {eps});"
+        );
+        let _ = writeln!(
+            src,
+            "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ long long at = ((i / S) * C + ch) * S + i % S; y[at] = (x[at] - mean) * rstd{scale}{shift}; }}"
+        );
+        src.push_str("    }\n}\n");
+        grid = c.clamp(1, WAVES * 2);
+    } else {
+        let rows = block / 32;
+        let _ = writeln!(src, "    __shared__ float part[{rows}][33];");
+        src.push_str("    const int lane = threadIdx.x & 31, row = threadIdx.x >> 5;\n");
+        let _ = writeln!(src, "    const int rows = {rows};");
+        src.push_str("    for (long long base = (long long)blockIdx.x * 32; base < C; base += (long long)gridDim.x * 32) {\n");
+        src.push_str("        const long long ch = base + lane;\n");
+        src.push_str("        const bool live = ch < C;\n");
+        // Per thread a compensated partial over its rows, then the column
+        // of partials summed by the first row of warps.
+        let sum = |src: &mut String, var: &str, term: &str| {
+            let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
+            let _ = writeln!(
+                src,
+                "        if (live) for (long long r = row; r < N; r += rows) {{ float v = x[r * C + ch]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+            );
+            let _ = writeln!(src, "        part[row][lane] = {var};");
+            src.push_str("        __syncthreads();\n");
+            let _ = writeln!(
+                src,
+                "        if (row == 0) {{ for (int k = 1; k < rows; ++k) {var} += part[k][lane]; part[0][lane] = {var}; }}"
+            );
+            src.push_str("        __syncthreads();\n");
+            let _ = writeln!(src, "        {var} = part[0][lane];");
+            src.push_str("        __syncthreads();\n");
+        };
+        sum(&mut src, "total", "v");
+        src.push_str("        const float mean = total / (float)N;\n");
+        sum(&mut src, "squares", "(v - mean) * (v - mean)");
+        let _ = writeln!(
+            src,
+            "        const float rstd = rsqrtf(squares / (float)N + {eps});"
+        );
+        let _ = writeln!(
+            src,
+            "        if (live) for (long long r = row; r < N; r += rows) y[r * C + ch] = (x[r * C + ch] - mean) * rstd{scale}{shift};"
+        );
+        src.push_str("    }\n}\n");
+        grid = c.div_ceil(32).clamp(1, WAVES * 2);
+    }
+    let launch = Launch {
+        grid: grid as u32,
+        block,
+        sizes: vec![n as i64, c as i64, spatial as i64],
     };
     Ok(one_node(name, action, src, inputs, node, launch))
 }
