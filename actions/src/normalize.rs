@@ -10,6 +10,66 @@ use crate::op::{Layout, Op};
 /// Applies every normalization.
 pub fn normalize(g: &mut OpGraph) {
     fold_transposes(g);
+    fold_flipped_scans(g);
+}
+
+/// `flip(scan(flip(x, d), d), d)` → the scan of `x` run the other way
+/// (`reverse` toggled): the same values, without the two copies. The
+/// flips are removed when nothing else reads them.
+pub fn fold_flipped_scans(g: &mut OpGraph) {
+    let scans: Vec<NodeId> = g
+        .nodes()
+        .filter(|(_, n)| matches!(n.op, Op::Scan(_)))
+        .map(|(id, _)| id)
+        .collect();
+    let flip_of = |g: &OpGraph, id: NodeId| match &g.node(id).op {
+        Op::Layout(Layout::Flip { dims }) if dims.len() == 1 => Some(dims[0]),
+        _ => None,
+    };
+    for scan in scans {
+        let Op::Scan(s) = &g.node(scan).op else {
+            continue;
+        };
+        let dim = s.dim;
+        let before = g.inputs(scan)[0];
+        let consumers = g.consumers(scan);
+        let [after] = consumers[..] else {
+            continue;
+        };
+        if flip_of(g, before.node) != Some(dim)
+            || flip_of(g, after) != Some(dim)
+            || g.consumers(before.node).len() != 1
+            || g.outputs().iter().any(|t| t.node == scan)
+        {
+            continue;
+        }
+        let source = g.inputs(before.node)[0];
+        g.replace_input(scan, 0, source);
+        if let Op::Scan(s) = g.op_mut(scan) {
+            s.reverse = !s.reverse;
+        }
+        let scanned = crate::graph::TensorRef::first(scan);
+        for reader in g.consumers(after) {
+            let slots: Vec<usize> = g
+                .inputs(reader)
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.node == after)
+                .map(|(k, _)| k)
+                .collect();
+            for k in slots {
+                g.replace_input(reader, k, scanned);
+            }
+        }
+        let outputs = g
+            .outputs()
+            .iter()
+            .map(|t| if t.node == after { scanned } else { *t })
+            .collect();
+        g.set_outputs(outputs);
+        g.remove_unread(after);
+        g.remove_unread(before.node);
+    }
 }
 
 /// Whether `perm` swaps the last two dims and keeps the rest.

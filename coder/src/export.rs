@@ -95,6 +95,21 @@ fn torch_call(op: &Op, ins: &[String]) -> Option<String> {
     })
 }
 
+/// torch's name for an element type a fragment writes.
+fn torch_dtype(d: mtmc_actions::DType) -> Result<&'static str, String> {
+    use mtmc_actions::DType;
+    Ok(match d {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::F64 => "float64",
+        DType::I64 => "int64",
+        DType::I32 => "int32",
+        DType::Bool => "bool",
+        other => return Err(format!("no torch dtype for {other:?}")),
+    })
+}
+
 /// A Python identifier from a node name.
 fn ident(name: &str) -> String {
     let s: String = name
@@ -174,10 +189,12 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                 }
                 for out in &f.outputs {
                     let v = format!("t{}", out.node.index());
+                    let tensor = g.tensor(*out);
                     let _ = writeln!(
                         body,
-                        "        {v} = torch.empty({}, dtype=torch.float32, device=_device)",
-                        tuple(&g.tensor(*out).shape)
+                        "        {v} = torch.empty({}, dtype=torch.{}, device=_device)",
+                        tuple(&tensor.shape),
+                        torch_dtype(tensor.dtype)?
                     );
                     args.push(format!("_ptr({v})"));
                     var.insert(*out, v);

@@ -71,11 +71,6 @@ fn every_reduction_and_softmax_compiles_in_both_layouts() {
 
 #[test]
 fn reductions_it_cannot_write_are_refused() {
-    let g = graph("y = argmax(x, dim=1)", "x=8x8");
-    let e = TemplateCoder
-        .realize(&Program::default(), &g, &last_node(&g))
-        .unwrap_err();
-    assert!(e.0.contains("is not float32 in and out"), "{e}");
     let g = graph(
         "x: [a=4, b=8, c=16]; y = sum(x, dim=a); z = sum(y, dim=1)",
         "",
@@ -237,4 +232,53 @@ fn few_long_rows_split_across_blocks_and_the_last_block_combines() {
         .realize(&Program::default(), &g, &last_node(&g))
         .unwrap_err();
     assert!(e.0.contains("two-stage online kernel"), "{e}");
+}
+
+#[test]
+fn argmax_and_argmin_write_int64_indices_in_both_layouts() {
+    for op in ["argmax", "argmin"] {
+        for (dim, layout) in [(2, "rows"), (1, "columns")] {
+            let g = graph(&format!("y = {op}(x, dim={dim})"), "x=64x32x128");
+            let f = TemplateCoder
+                .realize(&Program::default(), &g, &last_node(&g))
+                .unwrap();
+            compiles(&f, &format!("{op} over {layout}"));
+            assert!(f.source.contains("long long* __restrict__ y"), "{}", f.source);
+            // Ties go to the lower index.
+            assert!(f.source.contains("== best && k < at"), "{}", f.source);
+        }
+    }
+}
+
+#[test]
+fn scans_compile_forward_and_reverse_in_both_layouts() {
+    for op in ["cumsum", "cumprod"] {
+        for (dim, layout) in [(2, "rows"), (1, "columns")] {
+            let g = graph(&format!("y = {op}(x, dim={dim})"), "x=16x32x128");
+            let f = TemplateCoder
+                .realize(&Program::default(), &g, &last_node(&g))
+                .unwrap();
+            assert!(f.name.ends_with("_scan"));
+            compiles(&f, &format!("{op} over {layout}"));
+        }
+    }
+    // KernelBench's reverse cumsum is flip, cumsum, flip: normalized into
+    // one reverse scan, written as one kernel walking from the end.
+    let g = traced(1, "91_cumsum_reverse");
+    let scan = g
+        .nodes()
+        .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Scan(_)))
+        .unwrap()
+        .0;
+    assert_eq!(g.nodes().count(), 2, "the flips are gone");
+    let action = Action {
+        kind: ActionKind::CustomKernel,
+        region: vec![scan.index() as u32],
+        params: Params::default(),
+    };
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap();
+    compiles(&f, "reverse cumsum");
+    assert!(f.source.contains("xr[(K - 1 - j)]"), "{}", f.source);
 }

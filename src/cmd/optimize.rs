@@ -448,7 +448,7 @@ fn conclude(
 fn row_op(g: &OpGraph, index: u32) -> bool {
     matches!(
         g.node(NodeId::new(index as usize)).op.class(),
-        OpClass::Reduction | OpClass::Softmax | OpClass::Norm | OpClass::Pool
+        OpClass::Reduction | OpClass::Softmax | OpClass::Norm | OpClass::Pool | OpClass::Scan
     )
 }
 

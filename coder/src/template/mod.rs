@@ -1,13 +1,16 @@
 //! The template coder: fragments from rules, no LLM, no network.
 //!
 //! Families so far (CUDA): pointwise chains with broadcasting; reductions
-//! and softmax over a run of adjacent dims; layer, RMS, group and instance
-//! norm; max and average pooling (1–3-d, and global). Each family refuses,
+//! (argmax and argmin included) and softmax over a run of adjacent dims,
+//! few long rows split across blocks; layer, RMS, group, instance and
+//! batch norm; max and average pooling (1–3-d, and global); cumulative
+//! sums and products, forward or reverse. Each family refuses,
 //! with the reason, what it cannot write.
 
 mod pointwise;
 mod pool;
 mod rows;
+mod scan;
 
 use mtmc_actions::graph::OpGraph;
 
@@ -80,10 +83,13 @@ impl MicroCoder for TemplateCoder {
         let rows = matches!(single, Some(Op::Reduce(_) | Op::Softmax { .. }));
         let norm = matches!(single, Some(Op::Norm(_)));
         let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_)));
+        let scan = matches!(single, Some(Op::Scan(_)));
         let family = if rows || norm {
             "rows"
         } else if pool {
             "pool"
+        } else if scan {
+            "scan"
         } else {
             "pointwise"
         };
@@ -111,6 +117,8 @@ impl MicroCoder for TemplateCoder {
                 };
                 if pool {
                     pool::generate(g, action, &name)
+                } else if scan {
+                    scan::generate(g, action, &name)
                 } else if norm {
                     rows::norm(g, action, &name)
                 } else if rows {

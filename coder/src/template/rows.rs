@@ -119,6 +119,20 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             n.name
         )));
     }
+    if let Op::Reduce(Reduce {
+        op: op @ (ReduceOp::ArgMax | ReduceOp::ArgMin),
+        dims,
+        ..
+    }) = &n.op
+    {
+        if g.tensor(input).dtype != DType::F32 || n.outputs[0].dtype != DType::I64 {
+            return Err(Refusal::new(format!(
+                "`{}` is not float32 in and int64 out",
+                n.name
+            )));
+        }
+        return arg_rows(g, action, name, *op == ReduceOp::ArgMax, dims);
+    }
     if g.tensor(input).dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
         return Err(Refusal::new(format!(
             "`{}` is not float32 in and out",
@@ -278,6 +292,101 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         let items = outer * inner;
         (
             items.div_ceil(u64::from(block)).clamp(1, WAVES),
+            vec![outer as i64, k as i64, inner as i64],
+        )
+    };
+    let launch = Launch {
+        grid: grid as u32,
+        block,
+        sizes,
+    };
+    Ok(one_node(name, action, src, vec![input], node, launch))
+}
+
+/// The index of the first maximum (or minimum) along one dim, as int64:
+/// a block per row when the dim is the last one (pairs of value and index
+/// combined by warp shuffles, then through shared memory), else a thread
+/// per output. Ties go to the lower index, as in torch.
+fn arg_rows(
+    g: &OpGraph,
+    action: &Action,
+    name: &str,
+    max: bool,
+    dims: &[usize],
+) -> Result<Fragment, Refusal> {
+    let node = action.nodes()[0];
+    let input = g.inputs(node)[0];
+    let shape = g.tensor(input).shape.clone();
+    if dims.len() > 1 {
+        return Err(Refusal::new("argmax and argmin run over one dim"));
+    }
+    let (outer, k, inner) = row_view(&shape, dims)?;
+    let block = action.params.block;
+    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
+        return Err(Refusal::new(
+            "arg kernels take a block of 64 to 1024 threads and vector width 1",
+        ));
+    }
+    let better = if max { ">" } else { "<" };
+    let start = if max {
+        "__int_as_float(0xff800000)"
+    } else {
+        "__int_as_float(0x7f800000)"
+    };
+    let take = |v: &str, i: &str| {
+        format!("if ({v} {better} best || ({v} == best && {i} < at)) {{ best = {v}; at = {i}; }}")
+    };
+    let mut src = String::new();
+    let what = if max { "argmax" } else { "argmin" };
+    let _ = writeln!(
+        src,
+        "// {name}: {what} over [{outer}, {k}, {inner}] (outer, reduced, inner)"
+    );
+    let (grid, sizes) = if inner == 1 {
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void {name}(const float* __restrict__ x, long long* __restrict__ y, long long rows, long long K) {{"
+        );
+        src.push_str("    __shared__ float best_v[32];\n    __shared__ long long best_i[32];\n");
+        src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
+        src.push_str("        const float* xr = x + r * K;\n");
+        let _ = writeln!(src, "        float best = {start}; long long at = K;");
+        let _ = writeln!(
+            src,
+            "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; {} }}",
+            take("v", "k")
+        );
+        let shuffle = format!(
+            "        for (int off = 16; off > 0; off >>= 1) {{ float v = __shfl_xor_sync(0xffffffffu, best, off); long long i = __shfl_xor_sync(0xffffffffu, at, off); {} }}\n",
+            take("v", "i")
+        );
+        src.push_str(&shuffle);
+        src.push_str("        if ((threadIdx.x & 31) == 0) { best_v[threadIdx.x >> 5] = best; best_i[threadIdx.x >> 5] = at; }\n");
+        src.push_str("        __syncthreads();\n");
+        let _ = writeln!(
+            src,
+            "        if ((threadIdx.x & 31) < (blockDim.x >> 5)) {{ best = best_v[threadIdx.x & 31]; at = best_i[threadIdx.x & 31]; }} else {{ best = {start}; at = K; }}"
+        );
+        src.push_str(&shuffle);
+        src.push_str("        if (threadIdx.x == 0) y[r] = at;\n        __syncthreads();\n    }\n}\n");
+        (outer.clamp(1, WAVES * 2), vec![outer as i64, k as i64])
+    } else {
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void {name}(const float* __restrict__ x, long long* __restrict__ y, long long outer, long long K, long long inner) {{"
+        );
+        src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
+        src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
+        src.push_str("        const float* base = x + (idx / inner) * K * inner + idx % inner;\n");
+        let _ = writeln!(src, "        float best = {start}; long long at = K;");
+        let _ = writeln!(
+            src,
+            "        for (long long k = 0; k < K; ++k) {{ float v = base[k * inner]; {} }}",
+            take("v", "k")
+        );
+        src.push_str("        y[idx] = at;\n    }\n}\n");
+        (
+            (outer * inner).div_ceil(u64::from(block)).clamp(1, WAVES),
             vec![outer as i64, k as i64, inner as i64],
         )
     };
