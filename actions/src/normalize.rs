@@ -11,6 +11,57 @@ use crate::op::{Layout, Op};
 pub fn normalize(g: &mut OpGraph) {
     fold_transposes(g);
     fold_flipped_scans(g);
+    einsums_to_matmuls(g);
+}
+
+/// Whether an einsum equation is a matmul in torch's broadcasting sense:
+/// `P·mk,kn->P·mn` (B without batch dims) or `P·mk,P·kn->P·mn`, with every
+/// letter distinct but the shared ones.
+pub fn einsum_is_matmul(equation: &str) -> bool {
+    let eq: String = equation.chars().filter(|c| !c.is_whitespace()).collect();
+    let Some((lhs, out)) = eq.split_once("->") else {
+        return false;
+    };
+    let Some((a, b)) = lhs.split_once(',') else {
+        return false;
+    };
+    let (a, b, out): (Vec<char>, Vec<char>, Vec<char>) =
+        (a.chars().collect(), b.chars().collect(), out.chars().collect());
+    if a.len() < 2 || b.len() < 2 || out.len() != a.len() || b.len() > a.len() {
+        return false;
+    }
+    if !a.iter().chain(&b).chain(&out).all(char::is_ascii_lowercase) {
+        return false;
+    }
+    let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+    let (kb, n) = (b[b.len() - 2], b[b.len() - 1]);
+    let batch = &a[..a.len() - 2];
+    let b_batch = &b[..b.len() - 2];
+    let mut expected = batch.to_vec();
+    expected.extend([m, n]);
+    let mut letters: Vec<char> = batch.iter().copied().chain([m, k, n]).collect();
+    letters.sort_unstable();
+    letters.dedup();
+    k == kb
+        && out == expected
+        && (b_batch.is_empty() || b_batch == batch)
+        && letters.len() == batch.len() + 3
+}
+
+/// An einsum that is a matmul (see [`einsum_is_matmul`]) becomes one.
+pub fn einsums_to_matmuls(g: &mut OpGraph) {
+    let found: Vec<NodeId> = g
+        .nodes()
+        .filter(|(_, n)| matches!(&n.op, Op::Einsum { equation } if einsum_is_matmul(equation)))
+        .map(|(id, _)| id)
+        .collect();
+    for id in found {
+        *g.op_mut(id) = Op::MatMul(crate::op::MatMul {
+            trans_a: false,
+            trans_b: false,
+            bias: false,
+        });
+    }
 }
 
 /// `flip(scan(flip(x, d), d), d)` → the scan of `x` run the other way
@@ -125,6 +176,17 @@ pub fn fold_transposes(g: &mut OpGraph) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn einsums_that_are_matmuls_are_told_apart() {
+        assert!(einsum_is_matmul("bijl,lk->bijk"));
+        assert!(einsum_is_matmul("bmk,bkn->bmn"));
+        assert!(einsum_is_matmul("ij, jk -> ik"));
+        assert!(!einsum_is_matmul("bij,bjk->bki"), "output transposed");
+        assert!(!einsum_is_matmul("ij,kj->ik"), "B transposed");
+        assert!(!einsum_is_matmul("bii,bij->bij"), "a repeated letter");
+        assert!(!einsum_is_matmul("bij,cjk->bik"), "different batches");
+    }
 
     #[test]
     fn only_a_swap_of_the_last_two_dims_is_a_transpose() {

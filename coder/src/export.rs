@@ -14,11 +14,12 @@ use std::fmt::Write as _;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::{Conv, MatMul, Op};
 
+
 use crate::program::Program;
 
 /// Whether the exporter can write `op` as a torch call.
 pub fn library_op(op: &Op) -> bool {
-    matches!(op, Op::MatMul(_) | Op::Conv(_))
+    matches!(op, Op::MatMul(_) | Op::Conv(_) | Op::Attention(_))
 }
 
 /// A Python tuple literal (`()` for a scalar's shape).
@@ -90,6 +91,19 @@ fn torch_call(op: &Op, ins: &[String]) -> Option<String> {
                     tuple(dilation)
                 )
             }
+        }
+        Op::Attention(a) => {
+            let mut call = format!("F.scaled_dot_product_attention({}, {}, {}", ins[0], ins[1], ins[2]);
+            if a.mask {
+                call += &format!(", attn_mask={}", ins[3]);
+            }
+            if a.causal {
+                call += ", is_causal=True";
+            }
+            if let Some(scale) = a.scale {
+                call += &format!(", scale={scale:e}");
+            }
+            call + ")"
         }
         _ => return None,
     })

@@ -50,6 +50,8 @@ fn compiles(f: &Fragment) {
     assert_eq!(r.kernels[0].name, f.name);
 }
 
+mod common;
+
 #[test]
 fn every_pointwise_function_compiles() {
     let functions = [
@@ -157,7 +159,7 @@ fn float4_where_every_input_has_the_output_shape() {
 
 #[test]
 fn what_the_family_cannot_write_is_refused_with_the_reason() {
-    let g = graph("y = cumsum(x, dim=1)", "x=4x8");
+    let g = graph("y = cumsum(relu(x), dim=1)", "x=4x8");
     let e = TemplateCoder
         .realize(&Program::default(), &g, &fuse_all(&g, Params::default()))
         .unwrap_err();
@@ -276,4 +278,34 @@ fn split_fragments_render_to_a_plan_that_fits_the_graph() {
             .unwrap_err()
             .starts_with("no fragment computes")
     );
+}
+
+#[test]
+fn triu_and_tril_keep_elements_by_row_and_column() {
+    for (name, keep) in [
+        ("14_Matmul_for_upper_triangular_matrices", "(c1 - c0 >= 0LL)"),
+        ("15_Matmul_for_lower_triangular_matrices", "(c1 - c0 <= 0LL)"),
+    ] {
+        let g = common::traced(1, name);
+        let node = g
+            .nodes()
+            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Triangular { .. }))
+            .unwrap()
+            .0;
+        let mut action = Action {
+            kind: ActionKind::CustomKernel,
+            region: vec![node.index() as u32],
+            params: Params::default(),
+        };
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f);
+        assert!(f.source.contains(keep), "{name}:\n{}", f.source);
+        action.params.vector = 4;
+        let e = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap_err();
+        assert!(e.0.contains("one element per thread"), "{e}");
+    }
 }

@@ -12,6 +12,9 @@ use mtmc_coder::program::Program;
 use mtmc_coder::template::TemplateCoder;
 use mtmc_env::nvrtc::{Arch, CompileUnit};
 
+mod common;
+use common::traced;
+
 fn graph(src: &str, shapes: &str) -> OpGraph {
     let b = Bindings {
         shapes: parse_shapes(shapes).unwrap(),
@@ -104,20 +107,6 @@ fn every_warp_gets_the_block_result_that_softmax_uses() {
         f.source
     );
     assert!(!f.source.contains("shared[threadIdx.x]"), "{}", f.source);
-}
-
-/// The graph of a built-in KernelBench trace.
-fn traced(level: u64, name: &str) -> OpGraph {
-    let traces = include_str!("../../traces/kernelbench.jsonl");
-    let line = traces
-        .lines()
-        .find(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v["level"] == level && v["name"] == name
-        })
-        .unwrap();
-    let t = mtmc_actions::import::parse_trace(line).unwrap();
-    mtmc_actions::import::import_trace(&t).unwrap().graph
 }
 
 #[test]

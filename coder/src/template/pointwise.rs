@@ -168,7 +168,10 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     for &n in &region {
         let node = g.node(n);
-        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. }) {
+        if !matches!(
+            node.op,
+            Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. } | Op::Triangular { .. }
+        ) {
             return Err(Refusal::new(format!(
                 "`{}` ({}) is not a pointwise op this template writes",
                 node.name, node.op
@@ -215,8 +218,28 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         )));
     }
     let broadcast_inputs = inputs.iter().any(|&t| shape(g, t) != full);
+    // triu / tril keep elements by their row and column in the last two
+    // dims of the region's shape.
+    let triangular = region
+        .iter()
+        .any(|&n| matches!(g.node(n).op, Op::Triangular { .. }));
+    if triangular
+        && (full.len() < 2
+            || region.iter().any(|&n| {
+                matches!(g.node(n).op, Op::Triangular { .. }) && shape(g, TensorRef::first(n)) != full
+            }))
+    {
+        return Err(Refusal::new(
+            "triu and tril need a matrix at the region's full shape",
+        ));
+    }
     let vector: u32 = match vector {
         1 => 1,
+        4 if triangular => {
+            return Err(Refusal::new(
+                "triu and tril read each element's row and column: one element per thread",
+            ));
+        }
         4 if !broadcast_inputs && numel.is_multiple_of(4) => 4,
         4 => {
             return Err(Refusal::new(
@@ -265,6 +288,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         .iter()
         .map(|&t| offset(&shape(g, t), &full, &mut coords))
         .collect();
+    if triangular {
+        coords.extend([full.len() - 2, full.len() - 1]);
+    }
     let mut coords: Vec<usize> = coords.into_iter().collect();
     coords.sort_unstable();
     for d in coords {
@@ -320,6 +346,14 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                     } else {
                         binary(*op, &ins[0], &c)?
                     }
+                }
+                Op::Triangular { upper, diagonal } => {
+                    let (row, col) = (full.len() - 2, full.len() - 1);
+                    let keep = if *upper { ">=" } else { "<=" };
+                    format!(
+                        "(c{col} - c{row} {keep} {diagonal}LL) ? {} : 0.0f",
+                        ins[0]
+                    )
                 }
                 _ => unreachable!("checked above"),
             };
