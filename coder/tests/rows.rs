@@ -271,3 +271,33 @@ fn scans_compile_forward_and_reverse_in_both_layouts() {
     compiles(&f, "reverse cumsum");
     assert!(f.source.contains("xr[(K - 1 - j)]"), "{}", f.source);
 }
+
+#[test]
+fn losses_compile_elementwise_and_by_rows_with_one_combining_block() {
+    for (name, item) in [
+        ("95_CrossEntropyLoss", "xr[target[i]]"),
+        ("96_HuberLoss", "fabsf(d) < 1e0f ? 0.5f * d * d / 1e0f"),
+        ("99_TripletMarginLoss", "+ 1e-6f"),
+    ] {
+        let g = traced(1, name);
+        let node = g
+            .nodes()
+            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Loss(_)))
+            .unwrap()
+            .0;
+        let action = Action {
+            kind: ActionKind::CustomKernel,
+            region: vec![node.index() as u32],
+            params: Params::default(),
+        };
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        assert!(f.name.ends_with("_loss"));
+        compiles(&f, name);
+        assert!(f.source.contains(item), "{name}:\n{}", f.source);
+        // The mean divides by the number of terms; the count is reset.
+        assert!(f.source.contains("y[0] = acc / "), "{name}:\n{}", f.source);
+        assert!(f.source.contains("_done[0] = 0u;"), "{name}:\n{}", f.source);
+    }
+}

@@ -390,7 +390,7 @@ fn bench_one(
                 Some(_) => record.status = "compiled_only".into(),
                 None => {
                     record.status = "no_correct_variant".into();
-                    record.why = Some(last_failure(&log));
+                    record.why = Some(first_failure(&log));
                 }
             }
         }
@@ -411,12 +411,16 @@ fn bench_one(
     record
 }
 
-/// The reason on the log's last rolled-back or failed variant.
-fn last_failure(log: &[u8]) -> String {
+/// The reason on the log's first rolled-back or failed variant (the
+/// plainest variant, tried first).
+fn first_failure(log: &[u8]) -> String {
     String::from_utf8_lossy(log)
         .lines()
-        .rev()
-        .find_map(|l| l.split_once(": ").map(|(_, why)| why.trim().to_string()))
+        .find_map(|l| {
+            let (_, why) = l.split_once(": ")?;
+            (why.contains("rolled back") || why.contains("incorrect") || why.contains("error"))
+                .then(|| why.trim().to_string())
+        })
         .unwrap_or_else(|| "no variant was correct".into())
 }
 

@@ -448,7 +448,12 @@ fn conclude(
 fn row_op(g: &OpGraph, index: u32) -> bool {
     matches!(
         g.node(NodeId::new(index as usize)).op.class(),
-        OpClass::Reduction | OpClass::Softmax | OpClass::Norm | OpClass::Pool | OpClass::Scan
+        OpClass::Reduction
+            | OpClass::Softmax
+            | OpClass::Norm
+            | OpClass::Pool
+            | OpClass::Scan
+            | OpClass::Loss
     )
 }
 
@@ -522,7 +527,7 @@ fn regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
     }
     if !other.is_empty() {
         bail!(
-            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions, softmax, norms and pooling, with matmuls and convolutions as library calls",
+            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions, softmax, norms, pooling, scans and losses, with matmuls, convolutions and attention as library calls",
             other.join(", ")
         );
     }

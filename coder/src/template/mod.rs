@@ -4,9 +4,11 @@
 //! (argmax and argmin included) and softmax over a run of adjacent dims,
 //! few long rows split across blocks; layer, RMS, group, instance and
 //! batch norm; max and average pooling (1–3-d, and global); cumulative
-//! sums and products, forward or reverse. Each family refuses,
+//! sums and products, forward or reverse; losses (mse, huber, smooth L1,
+//! cross-entropy, triplet margin) reduced to their mean or sum. Each family refuses,
 //! with the reason, what it cannot write.
 
+mod loss;
 mod pointwise;
 mod pool;
 mod rows;
@@ -84,12 +86,15 @@ impl MicroCoder for TemplateCoder {
         let norm = matches!(single, Some(Op::Norm(_)));
         let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_)));
         let scan = matches!(single, Some(Op::Scan(_)));
+        let loss = matches!(single, Some(Op::Loss(_)));
         let family = if rows || norm {
             "rows"
         } else if pool {
             "pool"
         } else if scan {
             "scan"
+        } else if loss {
+            "loss"
         } else {
             "pointwise"
         };
@@ -119,6 +124,8 @@ impl MicroCoder for TemplateCoder {
                     pool::generate(g, action, &name)
                 } else if scan {
                     scan::generate(g, action, &name)
+                } else if loss {
+                    loss::generate(g, action, &name)
                 } else if norm {
                     rows::norm(g, action, &name)
                 } else if rows {

@@ -66,7 +66,7 @@ fn row_view(shape: &[u64], dims: &[usize]) -> Result<(u64, u64, u64), Refusal> {
 /// One accumulation step: sums are compensated (Kahan), so that a long
 /// sequential sum in fp32 stays within the tolerance of an exact one; max
 /// and min combine as they are. NVRTC without fast-math keeps the order.
-fn step(map: &str, op: &str) -> String {
+pub(super) fn step(map: &str, op: &str) -> String {
     if op == "a + b" {
         format!("float y = ({map}) - c; float t = acc + y; c = (t - acc) - y; acc = t;")
     } else {
@@ -77,7 +77,7 @@ fn step(map: &str, op: &str) -> String {
 /// Block-wide combine of `acc` with `op` (a, b): warp shuffles, then one
 /// value per warp through shared memory, which every warp then reduces
 /// again, so that every thread (not only warp 0) holds the result.
-fn block_reduce(src: &mut String, var: &str, op: &str, identity: &str) {
+pub(super) fn block_reduce(src: &mut String, var: &str, op: &str, identity: &str) {
     let _ = writeln!(
         src,
         "        for (int off = 16; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}"
@@ -435,29 +435,47 @@ fn split_rows(
         step(map, op)
     );
     block_reduce(&mut src, "acc", op, identity);
+    combine_partials(&mut src, name, "r", (identity, op), &finish("acc"));
+    src.push_str("}\n");
+    src
+}
+
+/// The tail of a kernel whose blocks each hold a partial `acc` (every
+/// thread the same value) in a scope the caller opened, which this
+/// closes: each block stores its partial in `{name}_part`, and the last
+/// block of its group to arrive (an atomic count after a fence) combines
+/// the group's `splits` partials, writes `y[group] = finish` (an
+/// expression of `acc`) and resets the count for the next launch. The
+/// caller declares `__shared__ bool last`, `shared[32]`, `splits` and the
+/// `{name}_part` and `{name}_done` module arrays.
+pub(super) fn combine_partials(
+    src: &mut String,
+    name: &str,
+    group: &str,
+    (identity, op): (&str, &str),
+    finish: &str,
+) {
     src.push_str("        if (threadIdx.x == 0) {\n");
     let _ = writeln!(src, "            {name}_part[blockIdx.x] = acc;");
     src.push_str("            __threadfence();\n");
     let _ = writeln!(
         src,
-        "            last = atomicAdd(&{name}_done[r], 1u) == (unsigned int)(splits - 1);"
+        "            last = atomicAdd(&{name}_done[{group}], 1u) == (unsigned int)(splits - 1);"
     );
     src.push_str("        }\n        __syncthreads();\n    }\n");
     src.push_str("    if (last) {\n        __threadfence();\n");
     let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
     let _ = writeln!(
         src,
-        "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ float v = ((volatile float*){name}_part)[r * splits + p]; {} }}",
+        "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ float v = ((volatile float*){name}_part)[{group} * splits + p]; {} }}",
         step("v", op)
     );
-    block_reduce(&mut src, "acc", op, identity);
+    block_reduce(src, "acc", op, identity);
     let _ = writeln!(
         src,
-        "        if (threadIdx.x == 0) {{ y[r] = {}; {name}_done[r] = 0u; }}",
-        finish("acc")
+        "        if (threadIdx.x == 0) {{ y[{group}] = {finish}; {name}_done[{group}] = 0u; }}"
     );
-    src.push_str("    }\n}\n");
-    src
+    src.push_str("    }\n");
 }
 
 /// Which channel a normalized element's scale and shift come from.
