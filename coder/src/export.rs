@@ -213,15 +213,17 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                     args.push(format!("_ptr({v})"));
                     var.insert(*out, v);
                 }
-                args.extend(f.launch.sizes.iter().map(|n| format!("cp.int64({n})")));
-                let _ = writeln!(
-                    body,
-                    "        _KERNELS[{:?}](({},), ({},), ({},))",
-                    f.name,
-                    f.launch.grid,
-                    f.launch.block,
-                    args.join(", ")
-                );
+                for (kernel, launch) in f.launches() {
+                    let mut args = args.clone();
+                    args.extend(launch.sizes.iter().map(|n| format!("cp.int64({n})")));
+                    let _ = writeln!(
+                        body,
+                        "        _KERNELS[{kernel:?}](({},), ({},), ({},))",
+                        launch.grid,
+                        launch.block,
+                        args.join(", ")
+                    );
+                }
             }
             continue;
         }
@@ -276,7 +278,7 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
     let names: Vec<String> = p
         .fragments
         .iter()
-        .map(|f| format!("{:?}", f.name))
+        .flat_map(|f| f.launches().map(|(k, _)| format!("{k:?}")))
         .collect();
     if p.fragments.is_empty() {
         py.push_str("# Every op is a library call: no kernel to compile.\n_KERNELS = {}\n");

@@ -41,6 +41,29 @@ pub struct Fragment {
     pub region: Vec<NodeId>,
     /// Its launch.
     pub launch: Launch,
+    /// Kernels of `source` launched before `name`, in order, each with the
+    /// same pointer arguments and its own grid, block and sizes (a
+    /// statistics pass before the pass that writes, say). Usually none.
+    pub before: Vec<Pass>,
+}
+
+/// A kernel pass launched before a fragment's own kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pass {
+    /// Its name in the fragment's source.
+    pub kernel: String,
+    /// Its launch.
+    pub launch: Launch,
+}
+
+impl Fragment {
+    /// Every kernel of the fragment with its launch, in launch order.
+    pub fn launches(&self) -> impl Iterator<Item = (&str, &Launch)> {
+        self.before
+            .iter()
+            .map(|s| (s.kernel.as_str(), &s.launch))
+            .chain(std::iter::once((self.name.as_str(), &self.launch)))
+    }
 }
 
 /// The tensor whose memory `t` is: `t` itself, or for a view, the

@@ -78,14 +78,17 @@ pub fn to_cuda_program(g: &OpGraph, p: &Program) -> Result<CudaProgram, String> 
             })?;
             args.push(Arg::Buffer(b.clone()));
         }
-        args.extend(f.launch.sizes.iter().map(|&n| Arg::I64(n)));
-        launches.push(Launch {
-            kernel: f.name.clone(),
-            grid: [f.launch.grid, 1, 1],
-            block: [f.launch.block, 1, 1],
-            shared_bytes: 0,
-            args,
-        });
+        for (kernel, launch) in f.launches() {
+            let mut args = args.clone();
+            args.extend(launch.sizes.iter().map(|&n| Arg::I64(n)));
+            launches.push(Launch {
+                kernel: kernel.to_string(),
+                grid: [launch.grid, 1, 1],
+                block: [launch.block, 1, 1],
+                shared_bytes: 0,
+                args,
+            });
+        }
     }
     Ok(CudaProgram {
         source,

@@ -176,8 +176,9 @@ fn max_and_average_pooling_compile_with_torchs_divisor() {
 #[test]
 fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
     for (name, layout) in [
-        // BatchNorm2d after a convolution: a block per channel.
-        ("52_Conv2d_Activation_BatchNorm", "for (long long ch = blockIdx.x;"),
+        // BatchNorm2d after a convolution, 128 channels of 1 M elements:
+        // split across blocks, a statistics pass first.
+        ("52_Conv2d_Activation_BatchNorm", "k % 15876LL]"),
         // BatchNorm1d after a GEMM: 32 channels a block, warps along rows.
         ("39_Gemm_Scale_BatchNorm", "x[r * C + ch]"),
     ] {
@@ -197,7 +198,12 @@ fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
             .unwrap();
         compiles(&f, name);
         assert!(f.source.contains(layout), "{name}:\n{}", f.source);
-        assert!(f.source.contains("* w[ch]") && f.source.contains("+ b[ch]"));
+        assert!(
+            (f.source.contains("* w[ch]") && f.source.contains("+ b[ch]"))
+                || (f.source.contains("* w[r]") && f.source.contains("+ b[r]")),
+            "{}",
+            f.source
+        );
     }
 }
 
@@ -300,4 +306,51 @@ fn losses_compile_elementwise_and_by_rows_with_one_combining_block() {
         assert!(f.source.contains("y[0] = acc / "), "{name}:\n{}", f.source);
         assert!(f.source.contains("_done[0] = 0u;"), "{name}:\n{}", f.source);
     }
+}
+
+#[test]
+fn norms_of_few_long_groups_take_a_statistics_pass_then_a_normalizing_pass() {
+    // LayerNorm over [64, 256, 256] of 16 rows: 16 groups of 4 M.
+    let g = traced(1, "40_LayerNorm");
+    let node = g
+        .nodes()
+        .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_)))
+        .unwrap()
+        .0;
+    let action = Action {
+        kind: ActionKind::CustomKernel,
+        region: vec![node.index() as u32],
+        params: Params::default(),
+    };
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap();
+    compiles(&f, "split layer norm");
+    let kernels: Vec<&str> = f.launches().map(|(k, _)| k).collect();
+    assert_eq!(kernels, ["k0_rows_stats", "k0_rows"]);
+    let splits = f.launch.sizes[2];
+    assert!(splits > 1 && i64::from(f.launch.grid) == 16 * splits, "{:?}", f.launch);
+    // Chan's combination of the blocks' statistics.
+    assert!(f.source.contains("m2 += stats[2 * p + 1] +"), "{}", f.source);
+}
+
+#[test]
+fn global_pooling_is_a_row_reduction_read_by_whole_blocks() {
+    let g = traced(2, "67_Conv2d_GELU_GlobalAvgPool");
+    let node = g
+        .nodes()
+        .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::AdaptivePool(_)))
+        .unwrap()
+        .0;
+    let action = Action {
+        kind: ActionKind::CustomKernel,
+        region: vec![node.index() as u32],
+        params: Params::default(),
+    };
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap();
+    assert!(f.name.ends_with("_rows"), "{}", f.name);
+    compiles(&f, "global average pool");
+    assert!(f.source.contains("y[r] = acc / (float)K;"), "{}", f.source);
 }

@@ -51,6 +51,7 @@ fn one_node(
         outputs: vec![mtmc_actions::graph::TensorRef::first(node)],
         region: vec![node],
         launch,
+        before: Vec::new(),
     }
 }
 
@@ -82,7 +83,8 @@ impl MicroCoder for TemplateCoder {
             [n] => Some(&g.node(*n).op),
             _ => None,
         };
-        let rows = matches!(single, Some(Op::Reduce(_) | Op::Softmax { .. }));
+        let rows = matches!(single, Some(Op::Reduce(_) | Op::Softmax { .. }))
+            || matches!(single, Some(Op::AdaptivePool(a)) if a.is_global());
         let norm = matches!(single, Some(Op::Norm(_)));
         let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_)));
         let scan = matches!(single, Some(Op::Scan(_)));

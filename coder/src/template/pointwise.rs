@@ -390,5 +390,6 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             block,
             sizes: vec![numel as i64],
         },
+        before: Vec::new(),
     })
 }

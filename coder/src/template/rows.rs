@@ -153,6 +153,12 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             (kind, dims.clone())
         }
         Op::Softmax { dim, log } => (Kind::Softmax { log: *log }, vec![*dim]),
+        // Global pooling is a mean or a maximum over the spatial dims: a
+        // row each, read by a whole block.
+        Op::AdaptivePool(a) if a.is_global() && shape.len() > 2 => (
+            if a.max { Kind::Max } else { Kind::Mean },
+            (2..shape.len()).collect(),
+        ),
         other => {
             return Err(Refusal::new(format!(
                 "`{}` ({other}) is not a reduction or softmax",
@@ -560,15 +566,21 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
             "norm kernels take a block of 64 to 1024 threads and vector width 1",
         ));
     }
-    let mut params = vec!["const float* __restrict__ x".to_string()];
-    let mut inputs = vec![x];
-    if *affine {
-        params.push("const float* __restrict__ w".into());
-        inputs.push(ins[1]);
-    }
-    if *bias {
-        params.push("const float* __restrict__ b".into());
-        inputs.push(ins[2]);
+    let (mut params, inputs) = norm_operands(&ins, *affine, *bias);
+    if let Some(splits) = norm_splits(rows, k, block) {
+        let norm = SplitNorm {
+            what: format!("{kind:?}"),
+            groups: rows,
+            count: k,
+            splits,
+            address: format!("r * {k}LL + k"),
+            channel,
+            rms,
+            eps: lit(*eps)?,
+            affine: *affine,
+            bias: *bias,
+        };
+        return Ok(norm.fragment(name, action, params, inputs, node));
     }
     params.extend([
         "float* __restrict__ y".to_string(),
@@ -631,6 +643,174 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     Ok(one_node(name, action, src, inputs, node, launch))
 }
 
+/// The pointer parameters and inputs of a norm: `x`, then the scale and
+/// shift when the norm has them.
+fn norm_operands(
+    ins: &[mtmc_actions::graph::TensorRef],
+    affine: bool,
+    bias: bool,
+) -> (Vec<String>, Vec<mtmc_actions::graph::TensorRef>) {
+    let mut params = vec!["const float* __restrict__ x".to_string()];
+    let mut inputs = vec![ins[0]];
+    if affine {
+        params.push("const float* __restrict__ w".into());
+        inputs.push(ins[1]);
+    }
+    if bias {
+        params.push("const float* __restrict__ b".into());
+        inputs.push(ins[2]);
+    }
+    (params, inputs)
+}
+
+/// Blocks per group when a norm has too few groups to fill the GPU and
+/// long ones: `None` when a block per group does.
+fn norm_splits(groups: u64, count: u64, block: u32) -> Option<u64> {
+    let splits = (2 * WAVES / groups.max(1)).min(count / (u64::from(block) * 4));
+    (groups < 2 * 132 && splits > 1).then_some(splits)
+}
+
+/// A norm over few long groups, in two passes over `splits` blocks per
+/// group. The statistics pass leaves each block's count-weighted mean and
+/// sum of squared deviations (two passes over its chunk, compensated) in
+/// module memory; the normalizing pass combines a group's partials (Chan's
+/// formula: the total of the squared deviations is the blocks' own plus
+/// each block's count times its mean's squared distance from the group's)
+/// and writes its chunk.
+struct SplitNorm {
+    /// What it computes, for the comment.
+    what: String,
+    /// Groups, each normalized on its own.
+    groups: u64,
+    /// Elements per group.
+    count: u64,
+    /// Blocks per group.
+    splits: u64,
+    /// Where element `k` of group `r` is (a C expression).
+    address: String,
+    /// The scale's and shift's index for element `k` of group `r`.
+    channel: String,
+    /// RMS norm: no centering.
+    rms: bool,
+    /// ε, as a float literal.
+    eps: String,
+    affine: bool,
+    bias: bool,
+}
+
+impl SplitNorm {
+    fn fragment(
+        &self,
+        name: &str,
+        action: &Action,
+        mut params: Vec<String>,
+        inputs: Vec<mtmc_actions::graph::TensorRef>,
+        node: mtmc_actions::graph::NodeId,
+    ) -> Fragment {
+        let SplitNorm {
+            groups,
+            count,
+            splits,
+            ..
+        } = *self;
+        params.extend([
+            "float* __restrict__ y".to_string(),
+            "long long groups".into(),
+            "long long count".into(),
+            "long long splits".into(),
+        ]);
+        let params = params.join(", ");
+        let stats = format!("{name}_stats");
+        let address = &self.address;
+        let mut src = String::new();
+        let _ = writeln!(
+            src,
+            "// {name}: {} over {groups} group(s) of {count}, each split across {splits} blocks",
+            self.what
+        );
+        let _ = writeln!(src, "__device__ float {name}_part[{}];", 2 * groups * splits);
+        let chunk = "    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n    const long long chunk = (count + splits - 1) / splits;\n    const long long lo = min(count, part * chunk), hi = min(count, lo + chunk);\n";
+        let sum = |src: &mut String, var: &str, term: &str| {
+            let _ = writeln!(src, "    float {var} = 0.0f, c_{var} = 0.0f;");
+            let _ = writeln!(
+                src,
+                "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ float v = x[{address}]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+            );
+            block_reduce(src, var, "a + b", "0.0f");
+        };
+        // The statistics pass.
+        let _ = writeln!(src, "extern \"C\" __global__ void {stats}({params}) {{");
+        src.push_str("    __shared__ float shared[32];\n");
+        src.push_str(chunk);
+        src.push_str("    const float n = (float)(hi - lo);\n");
+        if self.rms {
+            src.push_str("    const float mean = 0.0f;\n");
+        } else {
+            sum(&mut src, "total", "v");
+            src.push_str("    const float mean = n > 0.0f ? total / n : 0.0f;\n");
+        }
+        sum(&mut src, "squares", "(v - mean) * (v - mean)");
+        let _ = writeln!(
+            src,
+            "    if (threadIdx.x == 0) {{ {name}_part[2 * blockIdx.x] = mean; {name}_part[2 * blockIdx.x + 1] = squares; }}\n}}"
+        );
+        // The normalizing pass.
+        let _ = writeln!(src, "extern \"C\" __global__ void {name}({params}) {{");
+        src.push_str("    __shared__ float shared[32];\n");
+        src.push_str(chunk);
+        let _ = writeln!(src, "    const float* stats = {name}_part + 2 * r * splits;");
+        let weight = "(float)(min(count, (p + 1) * chunk) - min(count, p * chunk))";
+        src.push_str("    float weighted = 0.0f;\n");
+        let _ = writeln!(
+            src,
+            "    for (long long p = threadIdx.x; p < splits; p += blockDim.x) weighted += {weight} * stats[2 * p];"
+        );
+        block_reduce(&mut src, "weighted", "a + b", "0.0f");
+        if self.rms {
+            src.push_str("    const float mean = 0.0f;\n");
+        } else {
+            src.push_str("    const float mean = weighted / (float)count;\n");
+        }
+        src.push_str("    float m2 = 0.0f;\n");
+        let _ = writeln!(
+            src,
+            "    for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ float d = stats[2 * p] - mean; m2 += stats[2 * p + 1] + {weight} * d * d; }}"
+        );
+        block_reduce(&mut src, "m2", "a + b", "0.0f");
+        let _ = writeln!(
+            src,
+            "    const float rstd = rsqrtf(m2 / (float)count + {});",
+            self.eps
+        );
+        let channel = &self.channel;
+        let scale = if self.affine {
+            format!(" * w[{channel}]")
+        } else {
+            String::new()
+        };
+        let shift = if self.bias {
+            format!(" + b[{channel}]")
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            src,
+            "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ long long at = {address}; y[at] = (x[at] - mean) * rstd{scale}{shift}; }}\n}}"
+        );
+        let launch = Launch {
+            grid: (groups * splits) as u32,
+            block: action.params.block,
+            sizes: vec![groups as i64, count as i64, splits as i64],
+        };
+        let mut f = one_node(name, action, src, inputs, node, launch.clone());
+        f.before.push(crate::program::Pass {
+            kernel: stats,
+            launch,
+        });
+        f
+    }
+}
+
 /// Batch norm with the batch's statistics (training mode) on `[N, C,
 /// spatial...]`: per channel, the mean and the biased variance over the
 /// batch and the spatial dims (two passes, compensated sums), then the
@@ -665,15 +845,22 @@ fn batch_norm(
             "norm kernels take a block of 64 to 1024 threads and vector width 1",
         ));
     }
-    let mut params = vec!["const float* __restrict__ x".to_string()];
-    let mut inputs = vec![x];
-    if affine {
-        params.push("const float* __restrict__ w".into());
-        inputs.push(ins[1]);
-    }
-    if bias {
-        params.push("const float* __restrict__ b".into());
-        inputs.push(ins[2]);
+    let (mut params, inputs) = norm_operands(&ins, affine, bias);
+    let eps = lit(eps)?;
+    if let Some(splits) = norm_splits(c, n * spatial, block).filter(|_| spatial > 1) {
+        let norm = SplitNorm {
+            what: "batch norm (batch statistics)".into(),
+            groups: c,
+            count: n * spatial,
+            splits,
+            address: format!("((k / {spatial}LL) * {c}LL + r) * {spatial}LL + k % {spatial}LL"),
+            channel: "r".into(),
+            rms: false,
+            eps: eps.clone(),
+            affine,
+            bias,
+        };
+        return Ok(norm.fragment(name, action, params, inputs, node));
     }
     params.extend([
         "float* __restrict__ y".to_string(),
@@ -683,7 +870,6 @@ fn batch_norm(
     ]);
     let scale = if affine { " * w[ch]" } else { "" };
     let shift = if bias { " + b[ch]" } else { "" };
-    let eps = lit(eps)?;
     let mut src = String::new();
     let _ = writeln!(
         src,
