@@ -86,7 +86,7 @@ impl MicroCoder for TemplateCoder {
         let rows = matches!(single, Some(Op::Reduce(_) | Op::Softmax { .. }))
             || matches!(single, Some(Op::AdaptivePool(a)) if a.is_global());
         let norm = matches!(single, Some(Op::Norm(_)));
-        let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_)));
+        let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_))) && !rows;
         let scan = matches!(single, Some(Op::Scan(_)));
         let loss = matches!(single, Some(Op::Loss(_)));
         let family = if rows || norm {
