@@ -119,6 +119,16 @@ impl OpGraph {
         Ok(id)
     }
 
+    /// Moves `id` in the execution order to just after `anchor`. Everything
+    /// `id` reads must come before `anchor` or be `anchor`.
+    pub fn place_after(&mut self, id: NodeId, anchor: NodeId) {
+        self.order.retain(|&n| n != id);
+        let at = self
+            .position(anchor)
+            .min(self.order.len().saturating_sub(1));
+        self.order.insert(at + 1, id);
+    }
+
     /// Renames a node.
     pub fn set_name(&mut self, id: NodeId, name: impl Into<String>) {
         self.graph[id].name = name.into();

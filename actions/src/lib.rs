@@ -21,6 +21,7 @@ pub mod intent;
 pub mod normalize;
 pub mod op;
 pub mod problem;
+pub mod rewrite;
 
 pub use cost::{Cost, GraphCost, graph_cost, node_cost};
 pub use device::{DeviceSpec, MathMode, Roofline, builtin_devices, find_device, roofline};

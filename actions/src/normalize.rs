@@ -25,8 +25,11 @@ pub fn einsum_is_matmul(equation: &str) -> bool {
     let Some((a, b)) = lhs.split_once(',') else {
         return false;
     };
-    let (a, b, out): (Vec<char>, Vec<char>, Vec<char>) =
-        (a.chars().collect(), b.chars().collect(), out.chars().collect());
+    let (a, b, out): (Vec<char>, Vec<char>, Vec<char>) = (
+        a.chars().collect(),
+        b.chars().collect(),
+        out.chars().collect(),
+    );
     if a.len() < 2 || b.len() < 2 || out.len() != a.len() || b.len() > a.len() {
         return false;
     }

@@ -14,7 +14,6 @@ use std::fmt::Write as _;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::{Conv, MatMul, Op};
 
-
 use crate::program::Program;
 
 /// Whether the exporter can write `op` as a torch call.
@@ -93,7 +92,10 @@ fn torch_call(op: &Op, ins: &[String]) -> Option<String> {
             }
         }
         Op::Attention(a) => {
-            let mut call = format!("F.scaled_dot_product_attention({}, {}, {}", ins[0], ins[1], ins[2]);
+            let mut call = format!(
+                "F.scaled_dot_product_attention({}, {}, {}",
+                ins[0], ins[1], ins[2]
+            );
             if a.mask {
                 call += &format!(", attn_mask={}", ins[3]);
             }
@@ -174,7 +176,10 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                 // Dense memory under a new shape: a torch view, no kernel.
                 let input = g.inputs(id)[0];
                 let v = var.get(&input).ok_or_else(|| {
-                    format!("`{}` is read before it is computed", g.node(input.node).name)
+                    format!(
+                        "`{}` is read before it is computed",
+                        g.node(input.node).name
+                    )
                 })?;
                 let view = format!("t{}", id.index());
                 let _ = writeln!(

@@ -283,8 +283,14 @@ fn split_fragments_render_to_a_plan_that_fits_the_graph() {
 #[test]
 fn triu_and_tril_keep_elements_by_row_and_column() {
     for (name, keep) in [
-        ("14_Matmul_for_upper_triangular_matrices", "(c1 - c0 >= 0LL)"),
-        ("15_Matmul_for_lower_triangular_matrices", "(c1 - c0 <= 0LL)"),
+        (
+            "14_Matmul_for_upper_triangular_matrices",
+            "(c1 - c0 >= 0LL)",
+        ),
+        (
+            "15_Matmul_for_lower_triangular_matrices",
+            "(c1 - c0 <= 0LL)",
+        ),
     ] {
         let g = common::traced(1, name);
         let node = g

@@ -215,7 +215,11 @@ fn few_long_rows_split_across_blocks_and_the_last_block_combines() {
             .realize(&Program::default(), &g, &last_node(&g))
             .unwrap();
         compiles(&f, op);
-        assert!(f.source.contains("__device__ float k0_rows_part["), "{}", f.source);
+        assert!(
+            f.source.contains("__device__ float k0_rows_part["),
+            "{}",
+            f.source
+        );
         // The count is reset for the next launch.
         assert!(f.source.contains("k0_rows_done[r] = 0u;"), "{}", f.source);
         let splits = f.launch.sizes[2];
@@ -238,7 +242,11 @@ fn argmax_and_argmin_write_int64_indices_in_both_layouts() {
                 .realize(&Program::default(), &g, &last_node(&g))
                 .unwrap();
             compiles(&f, &format!("{op} over {layout}"));
-            assert!(f.source.contains("long long* __restrict__ y"), "{}", f.source);
+            assert!(
+                f.source.contains("long long* __restrict__ y"),
+                "{}",
+                f.source
+            );
             // Ties go to the lower index.
             assert!(f.source.contains("== best && k < at"), "{}", f.source);
         }
@@ -329,9 +337,17 @@ fn norms_of_few_long_groups_take_a_statistics_pass_then_a_normalizing_pass() {
     let kernels: Vec<&str> = f.launches().map(|(k, _)| k).collect();
     assert_eq!(kernels, ["k0_rows_stats", "k0_rows"]);
     let splits = f.launch.sizes[2];
-    assert!(splits > 1 && i64::from(f.launch.grid) == 16 * splits, "{:?}", f.launch);
+    assert!(
+        splits > 1 && i64::from(f.launch.grid) == 16 * splits,
+        "{:?}",
+        f.launch
+    );
     // Chan's combination of the blocks' statistics.
-    assert!(f.source.contains("m2 += stats[2 * p + 1] +"), "{}", f.source);
+    assert!(
+        f.source.contains("m2 += stats[2 * p + 1] +"),
+        "{}",
+        f.source
+    );
 }
 
 #[test]

@@ -200,3 +200,31 @@ fn small_outputs_are_checked_whole_and_large_ones_sampled_with_their_edges() {
     }
     assert!(picked.windows(2).all(|w| w[0] < w[1]));
 }
+
+#[test]
+fn rewritten_graphs_compute_what_the_originals_do() {
+    for (src, shapes) in [
+        ("y = sum((x @ w + b) * 0.5 - 2, dim=1)", "x=6x9,w=9x11,b=11"),
+        (
+            "y = mean(x @ w - v, dim=1, keepdim=true) / 3",
+            "x=6x9,w=9x11,v=11",
+        ),
+        ("y = logsumexp(sum(x, dim=1, keepdim=true), dim=1)", "x=5x8"),
+    ] {
+        let g = graph(src, shapes);
+        let (r, applied) = mtmc_actions::rewrite::rewrite_all(&g).unwrap();
+        let mut inputs = HashMap::new();
+        for (k, (_, n)) in g.nodes().filter(|(_, n)| n.op.is_source()).enumerate() {
+            let numel = n.outputs[0].numel() as usize;
+            inputs.insert(n.name.clone(), random(numel, 10 + k as u64));
+        }
+        let (before, after) = (all(&g, &inputs), all(&r, &inputs));
+        assert_eq!(before.len(), after.len(), "{src}");
+        for (a, b) in after.iter().zip(&before) {
+            assert!(
+                (a - b).abs() <= 1e-9 * (1.0 + b.abs()),
+                "{src} ({applied:?}): {a} vs {b}"
+            );
+        }
+    }
+}

@@ -368,7 +368,7 @@ fn bench_one(
         Ok(s) => {
             record.kernels = s.kernels;
             record.library_calls = s.library_calls;
-            record.call_library_only = s.kernels == 0;
+            record.call_library_only = s.best.is_some() && s.kernels == 0;
             record.judged = s.judged;
             record.judged_correct = s.correct;
             match s.best {

@@ -229,77 +229,129 @@ pub fn optimize_problem(
         );
     }
     let specs = builtin_devices();
-    let regions = regions(g)?;
-    // Without kernels, the variants are one program.
-    let variants: &[Params] = if regions.is_empty() {
-        &VARIANTS[..1]
-    } else {
-        &VARIANTS
-    };
-    let library = g
-        .nodes()
-        .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
-        .count();
-    writeln!(
-        out,
-        "{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), {}",
-        regions.len(),
-        regions.iter().map(Vec::len).sum::<usize>(),
-        if regions.is_empty() {
-            " (call-library only)"
-        } else {
-            ""
-        },
-        variants.len(),
-        if judge.gpu {
-            "judged by the worker against the PyTorch model"
-        } else {
-            "judged by compile only (no GPU: nothing is run or timed)"
-        },
-    )?;
     let problem = ProblemSource {
         name: format!("{}.py", p.name),
         code: p.code.clone(),
         graph: None,
     };
-    let found = search(out, g, &regions, variants, |program, label| {
-        let code =
-            mtmc_coder::export::to_model_new(g, program, &p.code).map_err(anyhow::Error::msg)?;
-        if !judge.gpu {
-            // Every fragment compiled when it was proposed.
-            return Ok(Outcome::new(
-                EvaluatorKind::CompileOnly,
-                Status::CompiledOnly,
-            ));
-        }
-        let candidate = Candidate::Python {
-            name: format!("model_new {label}"),
-            code,
-        };
-        let mut o = judge
-            .runtime
-            .block_on(judge.worker.evaluate(&problem, &candidate))?;
-        add_roofline(&mut o, g, &specs);
-        Ok(o)
-    })?;
+    // The graph as traced, then (when a rewrite applies) the rewritten
+    // one: each judged against the PyTorch model like any other step.
+    let mut graphs: Vec<(OpGraph, Option<String>)> = vec![(g.clone(), None)];
+    if let Some((r, applied)) = mtmc_actions::rewrite::rewrite_all(g) {
+        graphs.push((r, Some(applied.join(", "))));
+    }
     let mut summary = Summary {
-        kernels: regions.len(),
-        library_calls: library,
-        variants: variants.len(),
-        judged: found.judged,
-        correct: found.correct,
+        kernels: 0,
+        library_calls: 0,
+        variants: 0,
+        judged: 0,
+        correct: 0,
         best: None,
         params: None,
     };
-    if let Some((_, _, params, o)) = &found.best {
+    let mut attempts = Vec::new();
+    let mut best: Option<(f64, Program, Params, Outcome, usize)> = None;
+    let mut not_covered = None;
+    for (k, (graph, rewrites)) in graphs.iter().enumerate() {
+        let regions = match regions(graph) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(names) = rewrites {
+                    writeln!(out, "rewritten ({names}): {e}")?;
+                }
+                not_covered.get_or_insert(e);
+                continue;
+            }
+        };
+        // Without kernels, the variants are one program.
+        let variants: &[Params] = if regions.is_empty() {
+            &VARIANTS[..1]
+        } else {
+            &VARIANTS
+        };
+        let library = graph
+            .nodes()
+            .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
+            .count();
+        writeln!(
+            out,
+            "{}{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), {}",
+            rewrites
+                .as_ref()
+                .map_or(String::new(), |r| format!("rewritten ({r}) ")),
+            regions.len(),
+            regions.iter().map(Vec::len).sum::<usize>(),
+            if regions.is_empty() {
+                " (call-library only)"
+            } else {
+                ""
+            },
+            variants.len(),
+            if judge.gpu {
+                "judged by the worker against the PyTorch model"
+            } else {
+                "judged by compile only (no GPU: nothing is run or timed)"
+            },
+        )?;
+        let found = search(out, graph, &regions, variants, |program, label| {
+            let code = mtmc_coder::export::to_model_new(graph, program, &p.code)
+                .map_err(anyhow::Error::msg)?;
+            if !judge.gpu {
+                // Every fragment compiled when it was proposed.
+                return Ok(Outcome::new(
+                    EvaluatorKind::CompileOnly,
+                    Status::CompiledOnly,
+                ));
+            }
+            let candidate = Candidate::Python {
+                name: format!("model_new {label}"),
+                code,
+            };
+            let mut o = judge
+                .runtime
+                .block_on(judge.worker.evaluate(&problem, &candidate))?;
+            add_roofline(&mut o, graph, &specs);
+            Ok(o)
+        })?;
+        summary.judged += found.judged;
+        summary.correct += found.correct;
+        summary.variants += variants.len();
+        for mut a in found.attempts {
+            a["rewrites"] = serde_json::json!(rewrites);
+            attempts.push(a);
+        }
+        if let Some((ms, program, params, o)) = found.best
+            && best.as_ref().is_none_or(|b| ms < b.0)
+        {
+            summary.kernels = regions.len();
+            summary.library_calls = library;
+            best = Some((ms, program, params, o, k));
+        }
+    }
+    if summary.variants == 0 {
+        return Err(not_covered.expect("a graph failed"));
+    }
+    let chosen = best.as_ref().map_or(0, |b| b.4);
+    if let Some((_, _, params, o, _)) = &best {
         summary.best = Some(o.clone());
         summary.params = Some(*params);
     }
+    let found = Found {
+        attempts,
+        judged: summary.judged,
+        correct: summary.correct,
+        best: best.map(|(ms, program, params, o, _)| (ms, program, params, o)),
+    };
+    let (graph, rewrites) = &graphs[chosen];
     conclude(out, out_dir, &p.full_name(), found, |program| {
-        let code =
-            mtmc_coder::export::to_model_new(g, program, &p.code).map_err(anyhow::Error::msg)?;
+        let code = mtmc_coder::export::to_model_new(graph, program, &p.code)
+            .map_err(anyhow::Error::msg)?;
         write(out_dir, "model_new.py", &code)?;
-        Ok("model_new.py")
+        Ok(if rewrites.is_some() {
+            "model_new.py (rewritten graph)"
+        } else {
+            "model_new.py"
+        })
     })?;
     Ok(summary)
 }

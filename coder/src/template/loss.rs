@@ -92,10 +92,14 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             }
             let mut body = String::from("const float* xr = x + i * D;\n");
             body.push_str("            float m = __int_as_float(0xff800000);\n");
-            body.push_str("            for (long long k = lane; k < D; k += 32) m = fmaxf(m, xr[k]);\n");
+            body.push_str(
+                "            for (long long k = lane; k < D; k += 32) m = fmaxf(m, xr[k]);\n",
+            );
             body.push_str("            for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));\n");
             body.push_str("            float s = 0.0f;\n");
-            body.push_str("            for (long long k = lane; k < D; k += 32) s += expf(xr[k] - m);\n");
+            body.push_str(
+                "            for (long long k = lane; k < D; k += 32) s += expf(xr[k] - m);\n",
+            );
             body.push_str("            for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);\n");
             body.push_str("            float term = m + logf(s) - xr[target[i]];");
             (
@@ -113,7 +117,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 ));
             }
             // torch's pairwise distance adds eps = 1e-6 to the difference.
-            let mut body = String::from("const float* ar = a + i * D; const float* pr = p + i * D; const float* nr = q + i * D;\n");
+            let mut body = String::from(
+                "const float* ar = a + i * D; const float* pr = p + i * D; const float* nr = q + i * D;\n",
+            );
             body.push_str("            float dp = 0.0f, dn = 0.0f;\n");
             body.push_str("            for (long long k = lane; k < D; k += 32) { float u = ar[k] - pr[k] + 1e-6f; float w = ar[k] - nr[k] + 1e-6f; dp += u * u; dn += w * w; }\n");
             body.push_str("            for (int off = 16; off > 0; off >>= 1) { dp += __shfl_xor_sync(0xffffffffu, dp, off); dn += __shfl_xor_sync(0xffffffffu, dn, off); }\n");
@@ -131,12 +137,14 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             )
         }
         other => {
-            return Err(Refusal::new(format!(
-                "no loss kernel yet for {other:?}"
-            )));
+            return Err(Refusal::new(format!("no loss kernel yet for {other:?}")));
         }
     };
-    let per_block = if rows { u64::from(block / 32) } else { u64::from(block) };
+    let per_block = if rows {
+        u64::from(block / 32)
+    } else {
+        u64::from(block)
+    };
     let splits = items.div_ceil(per_block).clamp(1, WAVES);
     let finish = match reduction {
         Reduction::Mean => format!("acc / {}", lit(count as f64)?),

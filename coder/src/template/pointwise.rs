@@ -226,7 +226,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     if triangular
         && (full.len() < 2
             || region.iter().any(|&n| {
-                matches!(g.node(n).op, Op::Triangular { .. }) && shape(g, TensorRef::first(n)) != full
+                matches!(g.node(n).op, Op::Triangular { .. })
+                    && shape(g, TensorRef::first(n)) != full
             }))
     {
         return Err(Refusal::new(
@@ -350,10 +351,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 Op::Triangular { upper, diagonal } => {
                     let (row, col) = (full.len() - 2, full.len() - 1);
                     let keep = if *upper { ">=" } else { "<=" };
-                    format!(
-                        "(c{col} - c{row} {keep} {diagonal}LL) ? {} : 0.0f",
-                        ins[0]
-                    )
+                    format!("(c{col} - c{row} {keep} {diagonal}LL) ? {} : 0.0f", ins[0])
                 }
                 _ => unreachable!("checked above"),
             };

@@ -374,7 +374,9 @@ fn arg_rows(
             "        if ((threadIdx.x & 31) < (blockDim.x >> 5)) {{ best = best_v[threadIdx.x & 31]; at = best_i[threadIdx.x & 31]; }} else {{ best = {start}; at = K; }}"
         );
         src.push_str(&shuffle);
-        src.push_str("        if (threadIdx.x == 0) y[r] = at;\n        __syncthreads();\n    }\n}\n");
+        src.push_str(
+            "        if (threadIdx.x == 0) y[r] = at;\n        __syncthreads();\n    }\n}\n",
+        );
         (outer.clamp(1, WAVES * 2), vec![outer as i64, k as i64])
     } else {
         let _ = writeln!(
@@ -728,7 +730,11 @@ impl SplitNorm {
             "// {name}: {} over {groups} group(s) of {count}, each split across {splits} blocks",
             self.what
         );
-        let _ = writeln!(src, "__device__ float {name}_part[{}];", 2 * groups * splits);
+        let _ = writeln!(
+            src,
+            "__device__ float {name}_part[{}];",
+            2 * groups * splits
+        );
         let chunk = "    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n    const long long chunk = (count + splits - 1) / splits;\n    const long long lo = min(count, part * chunk), hi = min(count, lo + chunk);\n";
         let sum = |src: &mut String, var: &str, term: &str| {
             let _ = writeln!(src, "    float {var} = 0.0f, c_{var} = 0.0f;");
@@ -758,7 +764,10 @@ impl SplitNorm {
         let _ = writeln!(src, "extern \"C\" __global__ void {name}({params}) {{");
         src.push_str("    __shared__ float shared[32];\n");
         src.push_str(chunk);
-        let _ = writeln!(src, "    const float* stats = {name}_part + 2 * r * splits;");
+        let _ = writeln!(
+            src,
+            "    const float* stats = {name}_part + 2 * r * splits;"
+        );
         let weight = "(float)(min(count, (p + 1) * chunk) - min(count, p * chunk))";
         src.push_str("    float weighted = 0.0f;\n");
         let _ = writeln!(
@@ -880,8 +889,7 @@ fn batch_norm(
         "extern \"C\" __global__ void {name}({}) {{",
         params.join(", ")
     );
-    let grid;
-    if spatial > 1 {
+    let grid = if spatial > 1 {
         src.push_str("    __shared__ float shared[32];\n");
         src.push_str("    const long long count = N * S;\n");
         src.push_str("    for (long long ch = blockIdx.x; ch < C; ch += gridDim.x) {\n");
@@ -905,7 +913,7 @@ fn batch_norm(
             "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ long long at = ((i / S) * C + ch) * S + i % S; y[at] = (x[at] - mean) * rstd{scale}{shift}; }}"
         );
         src.push_str("    }\n}\n");
-        grid = c.clamp(1, WAVES * 2);
+        c.clamp(1, WAVES * 2)
     } else {
         let rows = block / 32;
         let _ = writeln!(src, "    __shared__ float part[{rows}][33];");
@@ -944,8 +952,8 @@ fn batch_norm(
             "        if (live) for (long long r = row; r < N; r += rows) y[r * C + ch] = (x[r * C + ch] - mean) * rstd{scale}{shift};"
         );
         src.push_str("    }\n}\n");
-        grid = c.div_ceil(32).clamp(1, WAVES * 2);
-    }
+        c.div_ceil(32).clamp(1, WAVES * 2)
+    };
     let launch = Launch {
         grid: grid as u32,
         block,

@@ -50,11 +50,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             "scan kernels take a block of 64 to 1024 threads and vector width 1",
         ));
     }
-    let (identity, op) = if prod {
-        ("1.0f", "*")
-    } else {
-        ("0.0f", "+")
-    };
+    let (identity, op) = if prod { ("1.0f", "*") } else { ("0.0f", "+") };
     // Position `j` of the walk is element `at(j)` of the line.
     let at = |j: &str| {
         if reverse {
@@ -94,7 +90,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             src,
             "            for (int off = 1; off < 32; off <<= 1) {{ float u = __shfl_up_sync(0xffffffffu, v, off); if (lane >= off) v = u {op} v; }}"
         );
-        src.push_str("            if (lane == 31) warp_total[warp] = v;\n            __syncthreads();\n");
+        src.push_str(
+            "            if (lane == 31) warp_total[warp] = v;\n            __syncthreads();\n",
+        );
         // The first warp scans the warp totals in place.
         let _ = writeln!(
             src,
