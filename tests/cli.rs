@@ -712,7 +712,8 @@ fn optimize_exports_a_model_new_python_can_parse_for_level_1_and_2_problems() {
         out.error
     );
     assert!(
-        out.stdout.contains("refused, rolled back: no row kernel yet for Prod"),
+        out.stdout
+            .contains("refused, rolled back: no row kernel yet for Prod"),
         "{}",
         out.stdout
     );

@@ -107,6 +107,275 @@ fn torch_call(op: &Op, ins: &[String]) -> Option<String> {
             }
             call + ")"
         }
+        other => return torch_fallback(other, ins),
+    })
+}
+
+/// A Python float literal.
+fn py(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:e}")
+    } else if v.is_nan() {
+        "float('nan')".into()
+    } else if v > 0.0 {
+        "float('inf')".into()
+    } else {
+        "float('-inf')".into()
+    }
+}
+
+/// A Python tuple of dims.
+fn dims_tuple(d: &[usize]) -> String {
+    tuple(&d.iter().map(|&x| x as u64).collect::<Vec<_>>())
+}
+
+/// The torch expression for an op the call-library action keeps as a
+/// torch call when no kernel is written for it (the whole program as
+/// library calls, reported as such).
+fn torch_fallback(op: &Op, ins: &[String]) -> Option<String> {
+    use mtmc_actions::op::{
+        AdaptivePool, BinaryOp as B, Layout, Loss, LossKind, Norm, NormKind, Pool, Reduce,
+        ReduceOp as R, Reduction, Scan, UnaryOp as U,
+    };
+    let x = ins.first()?;
+    let binary = |op: B, a: &str, b: &str| -> Option<String> {
+        Some(match op {
+            B::Maximum => format!("torch.maximum(torch.as_tensor({a}), torch.as_tensor({b}))"),
+            B::Minimum => format!("torch.minimum(torch.as_tensor({a}), torch.as_tensor({b}))"),
+            _ => format!("({a} {} {b})", op.symbol()),
+        })
+    };
+    Some(match op {
+        Op::Unary(u) => match u {
+            U::Relu => format!("F.relu({x})"),
+            U::Relu6 => format!("F.relu6({x})"),
+            U::LeakyRelu { slope } => format!("F.leaky_relu({x}, {})", py(*slope)),
+            U::Gelu { tanh } => format!(
+                "F.gelu({x}, approximate={:?})",
+                if *tanh { "tanh" } else { "none" }
+            ),
+            U::Sigmoid => format!("torch.sigmoid({x})"),
+            U::Tanh => format!("torch.tanh({x})"),
+            U::Silu => format!("F.silu({x})"),
+            U::Mish => format!("F.mish({x})"),
+            U::Hardswish => format!("F.hardswish({x})"),
+            U::Hardsigmoid => format!("F.hardsigmoid({x})"),
+            U::Hardtanh { min, max } => format!("F.hardtanh({x}, {}, {})", py(*min), py(*max)),
+            U::Softplus { beta, threshold } => {
+                format!("F.softplus({x}, {}, {})", py(*beta), py(*threshold))
+            }
+            U::Softsign => format!("F.softsign({x})"),
+            U::Elu { alpha } => format!("F.elu({x}, {})", py(*alpha)),
+            U::Selu => format!("F.selu({x})"),
+            U::Clamp { min, max } => format!(
+                "torch.clamp({x}, {}, {})",
+                min.map_or("None".into(), py),
+                max.map_or("None".into(), py)
+            ),
+            U::Exp => format!("torch.exp({x})"),
+            U::Log => format!("torch.log({x})"),
+            U::Abs => format!("torch.abs({x})"),
+            U::Neg => format!("(-{x})"),
+            U::Sqrt => format!("torch.sqrt({x})"),
+            U::Rsqrt => format!("torch.rsqrt({x})"),
+            U::Reciprocal => format!("torch.reciprocal({x})"),
+            U::Erf => format!("torch.erf({x})"),
+            U::Sin => format!("torch.sin({x})"),
+            U::Cos => format!("torch.cos({x})"),
+            U::Sign => format!("torch.sign({x})"),
+            U::Not => format!("torch.logical_not({x})"),
+        },
+        Op::Binary(b) => binary(*b, x, ins.get(1)?)?,
+        Op::Scalar {
+            op,
+            value,
+            scalar_first,
+        } => {
+            let c = py(*value);
+            if *scalar_first {
+                binary(*op, &c, x)?
+            } else {
+                binary(*op, x, &c)?
+            }
+        }
+        Op::Triangular { upper, diagonal } => format!(
+            "torch.{}({x}, {diagonal})",
+            if *upper { "triu" } else { "tril" }
+        ),
+        Op::Reduce(Reduce { op, dims, keepdim }) => {
+            let k = if *keepdim { "True" } else { "False" };
+            let d = dims_tuple(dims);
+            match op {
+                R::Sum => format!("torch.sum({x}, dim={d}, keepdim={k})"),
+                R::Mean => format!("torch.mean({x}, dim={d}, keepdim={k})"),
+                R::Max { .. } => format!("torch.amax({x}, dim={d}, keepdim={k})"),
+                R::Min { .. } => format!("torch.amin({x}, dim={d}, keepdim={k})"),
+                R::LogSumExp => format!("torch.logsumexp({x}, dim={d}, keepdim={k})"),
+                R::Prod if dims.len() == 1 => {
+                    format!("torch.prod({x}, dim={}, keepdim={k})", dims[0])
+                }
+                R::ArgMax if dims.len() == 1 => {
+                    format!("torch.argmax({x}, dim={}, keepdim={k})", dims[0])
+                }
+                R::ArgMin if dims.len() == 1 => {
+                    format!("torch.argmin({x}, dim={}, keepdim={k})", dims[0])
+                }
+                R::Norm { p } => format!(
+                    "torch.linalg.vector_norm({x}, {}, dim={d}, keepdim={k})",
+                    py(*p)
+                ),
+                R::Var { correction } => {
+                    format!(
+                        "torch.var({x}, dim={d}, correction={}, keepdim={k})",
+                        py(*correction)
+                    )
+                }
+                R::Std { correction } => {
+                    format!(
+                        "torch.std({x}, dim={d}, correction={}, keepdim={k})",
+                        py(*correction)
+                    )
+                }
+                _ => return None,
+            }
+        }
+        Op::Softmax { dim, log } => format!(
+            "torch.{}({x}, dim={dim})",
+            if *log { "log_softmax" } else { "softmax" }
+        ),
+        Op::Scan(Scan {
+            prod,
+            dim,
+            reverse,
+            exclusive: false,
+        }) => {
+            let f = if *prod { "cumprod" } else { "cumsum" };
+            if *reverse {
+                format!("torch.{f}({x}.flip({dim}), dim={dim}).flip({dim})")
+            } else {
+                format!("torch.{f}({x}, dim={dim})")
+            }
+        }
+        Op::Norm(Norm {
+            kind,
+            eps,
+            affine,
+            bias,
+            batch_stats,
+        }) => {
+            let w = if *affine {
+                ins.get(1)?.clone()
+            } else {
+                "None".into()
+            };
+            let b = if *bias {
+                ins.get(2)?.clone()
+            } else {
+                "None".into()
+            };
+            let eps = py(*eps);
+            match kind {
+                NormKind::Layer { dims } => {
+                    format!("F.layer_norm({x}, {x}.shape[-{dims}:], {w}, {b}, {eps})")
+                }
+                NormKind::Rms { dims } => {
+                    format!("F.rms_norm({x}, {x}.shape[-{dims}:], {w}, {eps})")
+                }
+                NormKind::Group { groups } => {
+                    format!("F.group_norm({x}, {groups}, {w}, {b}, {eps})")
+                }
+                NormKind::Instance if *batch_stats => {
+                    format!("F.instance_norm({x}, None, None, {w}, {b}, True, 0.1, {eps})")
+                }
+                NormKind::Batch if *batch_stats => {
+                    format!("F.batch_norm({x}, None, None, {w}, {b}, True, 0.1, {eps})")
+                }
+                _ => return None,
+            }
+        }
+        Op::Pool(Pool {
+            max,
+            spatial,
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ceil_mode,
+            count_include_pad,
+        }) => {
+            let ceil = if *ceil_mode { "True" } else { "False" };
+            if *max {
+                let dilation = if dilation.is_empty() {
+                    tuple(&vec![1; *spatial])
+                } else {
+                    tuple(dilation)
+                };
+                format!(
+                    "F.max_pool{spatial}d({x}, {}, {}, {}, {dilation}, {ceil})",
+                    tuple(kernel),
+                    tuple(stride),
+                    tuple(padding)
+                )
+            } else {
+                format!(
+                    "F.avg_pool{spatial}d({x}, {}, {}, {}, {ceil}, {})",
+                    tuple(kernel),
+                    tuple(stride),
+                    tuple(padding),
+                    if *count_include_pad { "True" } else { "False" }
+                )
+            }
+        }
+        Op::AdaptivePool(AdaptivePool { max, output }) => format!(
+            "F.adaptive_{}_pool{}d({x}, {})",
+            if *max { "max" } else { "avg" },
+            output.len(),
+            tuple(output)
+        ),
+        Op::Dropout { p, active } => format!(
+            "F.dropout({x}, {}, training={})",
+            py(*p),
+            if *active { "True" } else { "False" }
+        ),
+        Op::Loss(Loss { kind, reduction }) => {
+            let r = match reduction {
+                Reduction::None => "none",
+                Reduction::Mean => "mean",
+                Reduction::Sum => "sum",
+                Reduction::BatchMean => "batchmean",
+            };
+            let y = ins.get(1)?;
+            match kind {
+                LossKind::Mse => format!("F.mse_loss({x}, {y}, reduction={r:?})"),
+                LossKind::Huber { delta } => {
+                    format!(
+                        "F.huber_loss({x}, {y}, reduction={r:?}, delta={})",
+                        py(*delta)
+                    )
+                }
+                LossKind::SmoothL1 { beta } => {
+                    format!(
+                        "F.smooth_l1_loss({x}, {y}, reduction={r:?}, beta={})",
+                        py(*beta)
+                    )
+                }
+                LossKind::CrossEntropy => format!("F.cross_entropy({x}, {y}, reduction={r:?})"),
+                LossKind::TripletMargin { margin, p } => format!(
+                    "F.triplet_margin_loss({x}, {y}, {}, margin={}, p={}, reduction={r:?})",
+                    ins.get(2)?,
+                    py(*margin),
+                    py(*p)
+                ),
+                _ => return None,
+            }
+        }
+        Op::Layout(l) => match l {
+            Layout::Permute { perm } => format!("{x}.permute{}", dims_tuple(perm)),
+            Layout::Copy => format!("{x}.clone()"),
+            Layout::Flip { dims } => format!("torch.flip({x}, {})", dims_tuple(dims)),
+            Layout::Concat { dim } => format!("torch.cat([{}], dim={dim})", ins.join(", ")),
+            _ => return None,
+        },
         _ => return None,
     })
 }
@@ -268,7 +537,11 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
     let mut py = String::new();
     py.push_str("# Generated by mtmc: custom kernels compiled with NVRTC through cupy and\n");
     py.push_str("# launched on torch's current stream; ops without a kernel are torch calls.\n");
-    py.push_str("import cupy as cp\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n");
+    let kernels = !p.fragments.is_empty();
+    if kernels {
+        py.push_str("import cupy as cp\n");
+    }
+    py.push_str("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n");
     let source: String = p
         .fragments
         .iter()
@@ -302,7 +575,9 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         serde_json::to_string(problem_code).expect("a string serializes")
     );
     py.push_str("_PROBLEM_NS = {\"__name__\": \"mtmc_problem\"}\nexec(compile(_PROBLEM, \"problem.py\", \"exec\"), _PROBLEM_NS)\n\n\n");
-    py.push_str("def _ptr(t):\n    return cp.uint64(t.data_ptr())\n\n\n");
+    if kernels {
+        py.push_str("def _ptr(t):\n    return cp.uint64(t.data_ptr())\n\n\n");
+    }
     py.push_str("class ModelNew(nn.Module):\n    def __init__(self, *args, **kwargs):\n        super().__init__()\n");
     py.push_str("        self.reference_parameters = _PROBLEM_NS[\"Model\"](*args, **kwargs)\n");
     let _ = writeln!(py, "\n    def forward(self, {}):", forward_args.join(", "));
@@ -321,9 +596,15 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         );
     }
     let _ = writeln!(py, "        _device = {device_of}.device");
-    py.push_str("        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):\n");
-    for line in body.lines() {
-        let _ = writeln!(py, "    {line}");
+    if kernels {
+        py.push_str(
+            "        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):\n",
+        );
+        for line in body.lines() {
+            let _ = writeln!(py, "    {line}");
+        }
+    } else {
+        py.push_str(&body);
     }
     if outs.len() == 1 {
         let _ = writeln!(py, "        return {}", outs[0]);
