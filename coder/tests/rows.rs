@@ -113,7 +113,10 @@ fn every_warp_gets_the_block_result_that_softmax_uses() {
 fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
     let cases = [
         // nn.InstanceNorm2d has no scale or shift by default.
-        (traced(1, "34_InstanceNorm"), "(xr[k] - mean) * rstd;"),
+        (
+            traced(1, "34_InstanceNorm"),
+            "(LOAD_X(xr + k) - mean) * rstd;",
+        ),
         (traced(1, "35_GroupNorm_"), "(r % 8LL)"),
         (traced(1, "40_LayerNorm"), "w[k]"),
         (
@@ -178,9 +181,9 @@ fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
     for (name, layout) in [
         // BatchNorm2d after a convolution, 128 channels of 1 M elements:
         // split across blocks, a statistics pass first.
-        ("52_Conv2d_Activation_BatchNorm", "k % 15876LL]"),
+        ("52_Conv2d_Activation_BatchNorm", "k % 15876LL)"),
         // BatchNorm1d after a GEMM: 32 channels a block, warps along rows.
-        ("39_Gemm_Scale_BatchNorm", "x[r * C + ch]"),
+        ("39_Gemm_Scale_BatchNorm", "LOAD_X(r * C + ch)"),
     ] {
         let g = traced(2, name);
         let node = g
@@ -283,7 +286,11 @@ fn scans_compile_forward_and_reverse_in_both_layouts() {
         .realize(&Program::default(), &g, &action)
         .unwrap();
     compiles(&f, "reverse cumsum");
-    assert!(f.source.contains("xr[(K - 1 - j)]"), "{}", f.source);
+    assert!(
+        f.source.contains("LOAD_X(xr + (K - 1 - j))"),
+        "{}",
+        f.source
+    );
 }
 
 #[test]
@@ -369,4 +376,48 @@ fn global_pooling_is_a_row_reduction_read_by_whole_blocks() {
     assert!(f.name.ends_with("_rows"), "{}", f.name);
     compiles(&f, "global average pool");
     assert!(f.source.contains("y[r] = acc / (float)K;"), "{}", f.source);
+}
+
+#[test]
+fn a_pointwise_chain_read_only_by_a_row_kernel_is_fused_in_front_of_it() {
+    // MSE written out: (a - b) ** 2, then a mean over everything.
+    let g = traced(1, "94_MSELoss");
+    let region: Vec<u32> = g
+        .nodes()
+        .filter(|(_, n)| !n.op.is_source())
+        .map(|(id, _)| id.index() as u32)
+        .collect();
+    let action = Action {
+        kind: ActionKind::Fuse,
+        region,
+        params: Params::default(),
+    };
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap();
+    compiles(&f, "mse with a fused prologue");
+    assert_eq!(f.inputs.len(), 2, "both operands, no intermediate");
+    assert!(
+        f.source
+            .contains("#define LOAD_X(i) k0_rows_x((i), px0, px1)"),
+        "{}",
+        f.source
+    );
+    assert!(f.source.contains("(t2 * t2)"), "{}", f.source);
+    // A chain whose result is read elsewhere too cannot be fused.
+    let g = graph("h = relu(x); y = sum(h, dim=1); z = h * 2", "x=64x128");
+    let region = g
+        .nodes()
+        .filter(|(_, n)| n.name == "h" || n.name == "y")
+        .map(|(id, _)| id.index() as u32)
+        .collect();
+    let action = Action {
+        kind: ActionKind::Fuse,
+        region,
+        params: Params::default(),
+    };
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap_err();
+    assert!(e.0.contains("one result"), "{e}");
 }

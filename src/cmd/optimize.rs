@@ -39,24 +39,46 @@ pub struct Request<'a> {
     pub timeout: Duration,
 }
 
-/// The launch variants the built-in search tries, in order.
-const VARIANTS: [Params; 4] = [
-    Params {
-        block: 256,
-        vector: 1,
-    },
-    Params {
-        block: 256,
-        vector: 4,
-    },
-    Params {
-        block: 512,
-        vector: 4,
-    },
-    Params {
-        block: 128,
-        vector: 4,
-    },
+/// The variants the built-in search tries, in order: launch parameters,
+/// and whether pointwise chains are fused in front of the row kernels
+/// that read them (the last variant keeps them apart, in case a fused
+/// program is wrong).
+const VARIANTS: [(Params, bool); 5] = [
+    (
+        Params {
+            block: 256,
+            vector: 1,
+        },
+        true,
+    ),
+    (
+        Params {
+            block: 256,
+            vector: 4,
+        },
+        true,
+    ),
+    (
+        Params {
+            block: 512,
+            vector: 4,
+        },
+        true,
+    ),
+    (
+        Params {
+            block: 128,
+            vector: 4,
+        },
+        true,
+    ),
+    (
+        Params {
+            block: 256,
+            vector: 4,
+        },
+        false,
+    ),
 ];
 
 /// Runs the search and writes the best program.
@@ -264,7 +286,7 @@ pub fn optimize_problem(
             }
         };
         // Without kernels, the variants are one program.
-        let variants: &[Params] = if regions.is_empty() {
+        let variants: &[(Params, bool)] = if regions.is_empty() {
             &VARIANTS[..1]
         } else {
             &VARIANTS
@@ -374,7 +396,7 @@ pub fn optimize_problem(
                         .nodes()
                         .filter(|(_, n)| !n.op.is_source() && !n.op.is_view())
                         .count();
-                    best = Some((ms, Program::default(), VARIANTS[0], o, 0));
+                    best = Some((ms, Program::default(), VARIANTS[0].0, o, 0));
                 }
             }
             Err(e) => writeln!(
@@ -432,7 +454,7 @@ fn search(
     out: &mut dyn std::io::Write,
     g: &OpGraph,
     regions: &[Vec<u32>],
-    variants: &[Params],
+    variants: &[(Params, bool)],
     mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
     let mut found = Found {
@@ -441,9 +463,14 @@ fn search(
         correct: 0,
         best: None,
     };
-    for &params in variants {
-        let label = format!("block={} vector={}", params.block, params.vector);
-        let program = match build(g, regions, params) {
+    for &(params, fuse) in variants {
+        let label = format!(
+            "block={} vector={}{}",
+            params.block,
+            params.vector,
+            if fuse { "" } else { " unfused" }
+        );
+        let program = match build(g, regions, params, fuse) {
             Ok(p) => p,
             Err(f) => {
                 let stage = match f.stage {
@@ -566,18 +593,24 @@ fn row_op(g: &OpGraph, index: u32) -> bool {
 
 /// The program with one fragment per region at `params` (row kernels read
 /// one element per thread), or the first failure.
-fn build(g: &OpGraph, regions: &[Vec<u32>], params: Params) -> Result<Program, Failure> {
+fn build(
+    g: &OpGraph,
+    regions: &[Vec<u32>],
+    params: Params,
+    fuse: bool,
+) -> Result<Program, Failure> {
     let mut session = Session::new(g, TemplateCoder, Arch::SM90);
-    for region in regions {
-        let single_row_op = matches!(&region[..], [n] if row_op(g, *n));
-        let action = Action {
+    let action = |region: &[u32]| {
+        let row = region.last().is_some_and(|&n| row_op(g, n));
+        Action {
             kind: if region.len() == 1 {
                 ActionKind::CustomKernel
             } else {
                 ActionKind::Fuse
             },
-            region: region.clone(),
-            params: if single_row_op {
+            region: region.to_vec(),
+            // Row kernels read one element per thread per trip.
+            params: if row {
                 Params {
                     vector: 1,
                     ..params
@@ -585,11 +618,59 @@ fn build(g: &OpGraph, regions: &[Vec<u32>], params: Params) -> Result<Program, F
             } else {
                 params
             },
-        };
-        let next = session.propose(&action)?;
+        }
+    };
+    let mut k = 0;
+    while k < regions.len() {
+        // A pointwise chain read only by the row kernel after it is fused
+        // in front of it; when that step fails it is rolled back and the
+        // two are written apart.
+        if fuse && let Some(next) = fusable(g, regions, k) {
+            let mut both = regions[k].clone();
+            both.extend(&regions[next]);
+            if let Ok(p) = session.propose(&action(&both)) {
+                session.accept(p);
+                k += 1;
+                if next == k {
+                    k += 1;
+                }
+                continue;
+            }
+        }
+        let next = session.propose(&action(&regions[k]))?;
         session.accept(next);
+        k += 1;
     }
     Ok(session.good().clone())
+}
+
+/// The index of the region (right after `k`) holding the single row op
+/// that alone reads pointwise region `k`'s results.
+fn fusable(g: &OpGraph, regions: &[Vec<u32>], k: usize) -> Option<usize> {
+    let region = &regions[k];
+    if region.iter().any(|&n| row_op(g, n)) {
+        return None;
+    }
+    let next = k + 1;
+    let [row] = regions.get(next)?[..] else {
+        return None;
+    };
+    if !row_op(g, row) {
+        return None;
+    }
+    let inside = |n: NodeId| region.contains(&(n.index() as u32));
+    let readers_ok = region.iter().all(|&n| {
+        let id = NodeId::new(n as usize);
+        !g.outputs().iter().any(|t| t.node == id)
+            && g.consumers(id)
+                .iter()
+                .all(|&c| inside(c) || c.index() as u32 == row)
+    });
+    let feeds = g
+        .inputs(NodeId::new(row as usize))
+        .first()
+        .is_some_and(|t| inside(t.node));
+    (readers_ok && feeds).then_some(next)
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> Result<()> {

@@ -23,6 +23,10 @@ use crate::program::{Fragment, Program};
 /// Blocks a grid-stride loop is sized for: eight per SM of an H100.
 const WAVES: u64 = 132 * 8;
 
+/// How a kernel reads element `i` of its input `x` when nothing is fused
+/// in front of it.
+const LOAD_X: &str = "#define LOAD_X(i) (x[(i)])";
+
 /// A float literal CUDA reads back exactly (as f32).
 fn lit(v: f64) -> Result<String, Refusal> {
     if !v.is_finite() {
@@ -43,6 +47,13 @@ fn one_node(
     node: mtmc_actions::graph::NodeId,
     launch: crate::program::Launch,
 ) -> Fragment {
+    // Kernels read their input through `LOAD_X(index)`, so that a
+    // pointwise prologue can be fused in by redefining it.
+    let source = if source.contains("LOAD_X(") {
+        format!("{LOAD_X}\n{source}#undef LOAD_X\n")
+    } else {
+        source
+    };
     Fragment {
         name: name.to_string(),
         action: action.clone(),
@@ -53,6 +64,86 @@ fn one_node(
         launch,
         before: Vec::new(),
     }
+}
+
+impl TemplateCoder {
+    /// A region that is a pointwise chain followed by the row kernel (a
+    /// reduction, softmax, norm, scan or global pooling) that alone reads
+    /// it: the row kernel, with the chain computed where the kernel reads
+    /// its input (`LOAD_X`). `None` when the region is not of that shape.
+    fn with_prologue(
+        &self,
+        program: &Program,
+        g: &OpGraph,
+        action: &Action,
+    ) -> Option<Result<Fragment, Refusal>> {
+        use mtmc_actions::op::Op;
+        let nodes = action.nodes();
+        if nodes.len() < 2 || !matches!(action.kind, ActionKind::Fuse) {
+            return None;
+        }
+        let position = |n: &mtmc_actions::graph::NodeId| g.order().iter().position(|o| o == n);
+        let last = *nodes.iter().max_by_key(|n| position(n))?;
+        let row = match &g.node(last).op {
+            Op::Reduce(_) | Op::Softmax { .. } | Op::Norm(_) | Op::Scan(_) => true,
+            Op::AdaptivePool(a) => a.is_global(),
+            _ => false,
+        };
+        if !row {
+            return None;
+        }
+        let mut chain: Vec<_> = nodes.iter().copied().filter(|&n| n != last).collect();
+        chain.sort_by_key(|n| position(n));
+        let single = Action {
+            kind: ActionKind::CustomKernel,
+            region: vec![last.index() as u32],
+            params: action.params,
+        };
+        Some(self.realize(program, g, &single).and_then(|f| {
+            let pro = pointwise::prologue(g, &chain, last, &f.name)?;
+            fuse_prologue(f, pro, chain, action)
+        }))
+    }
+}
+
+/// The row kernel `f` reading its input through `pro` instead of from
+/// memory.
+fn fuse_prologue(
+    mut f: Fragment,
+    pro: pointwise::Prologue,
+    chain: Vec<mtmc_actions::graph::NodeId>,
+    action: &Action,
+) -> Result<Fragment, Refusal> {
+    if f.inputs.first() != Some(&pro.output) || !f.source.contains(LOAD_X) {
+        return Err(Refusal::new(format!(
+            "{} does not read the chain's result through LOAD_X",
+            f.name
+        )));
+    }
+    let decl = "const float* __restrict__ x,";
+    if !f.source.contains(decl) {
+        return Err(Refusal::new(format!("{} has no input `x`", f.name)));
+    }
+    let params: Vec<String> = (0..pro.inputs.len())
+        .map(|k| format!("const float* __restrict__ px{k},"))
+        .collect();
+    let args: Vec<String> = (0..pro.inputs.len()).map(|k| format!("px{k}")).collect();
+    f.source = format!(
+        "{}{}",
+        pro.source,
+        f.source.replace(decl, &params.join(" ")).replace(
+            LOAD_X,
+            &format!("#define LOAD_X(i) {}_x((i), {})", f.name, args.join(", "))
+        )
+    );
+    let mut inputs = pro.inputs;
+    inputs.extend(f.inputs.drain(1..));
+    f.inputs = inputs;
+    let mut region = chain;
+    region.append(&mut f.region);
+    f.region = region;
+    f.action = action.clone();
+    Ok(f)
 }
 
 /// Why a coder wrote nothing for an action.
@@ -79,6 +170,9 @@ impl MicroCoder for TemplateCoder {
         action: &Action,
     ) -> Result<Fragment, Refusal> {
         use mtmc_actions::op::Op;
+        if let Some(fragment) = self.with_prologue(program, g, action) {
+            return fragment;
+        }
         let single = match &action.nodes()[..] {
             [n] => Some(&g.node(*n).op),
             _ => None,

@@ -137,6 +137,147 @@ fn offset(small: &[u64], full: &[u64], coords: &mut HashSet<usize>) -> String {
     }
 }
 
+/// The CUDA expression computing pointwise node `n` from its operands
+/// `ins` (identifiers), inside a loop over the elements of `full` with
+/// coordinates `c{d}` in scope for triu and tril.
+fn node_expr(g: &OpGraph, n: NodeId, ins: &[String], full: &[u64]) -> Result<String, Refusal> {
+    Ok(match &g.node(n).op {
+        Op::Unary(u) => unary(u, &ins[0])?,
+        Op::Binary(b) => binary(*b, &ins[0], &ins[1])?,
+        Op::Scalar {
+            op,
+            value,
+            scalar_first,
+        } => {
+            let c = lit(*value)?;
+            if *op == BinaryOp::Pow && *value == 2.0 && !scalar_first {
+                // Squares are exact products; powf is not always.
+                format!("({} * {})", ins[0], ins[0])
+            } else if *scalar_first {
+                binary(*op, &c, &ins[0])?
+            } else {
+                binary(*op, &ins[0], &c)?
+            }
+        }
+        Op::Triangular { upper, diagonal } => {
+            let (row, col) = (full.len() - 2, full.len() - 1);
+            let keep = if *upper { ">=" } else { "<=" };
+            format!("(c{col} - c{row} {keep} {diagonal}LL) ? {} : 0.0f", ins[0])
+        }
+        other => {
+            return Err(Refusal::new(format!(
+                "`{}` ({other}) is not a pointwise op this template writes",
+                g.node(n).name
+            )));
+        }
+    })
+}
+
+/// A pointwise chain fused in front of a kernel that reads its result:
+/// a device function `{name}_x(i, px0, …)` computing element `i` of the
+/// chain's output from the chain's inputs (`px0`, … in order).
+pub struct Prologue {
+    /// The device function's source.
+    pub source: String,
+    /// The chain's inputs, in parameter order.
+    pub inputs: Vec<TensorRef>,
+    /// The tensor it stands for.
+    pub output: TensorRef,
+}
+
+/// The prologue for `chain`, whose only result must be read by nothing
+/// but the kernel it is fused into.
+pub fn prologue(
+    g: &OpGraph,
+    chain: &[NodeId],
+    reader: NodeId,
+    name: &str,
+) -> Result<Prologue, Refusal> {
+    for &n in chain {
+        let node = g.node(n);
+        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. }) {
+            return Err(Refusal::new(format!(
+                "`{}` ({}) cannot be fused in front of a kernel",
+                node.name, node.op
+            )));
+        }
+        if node.outputs[0].dtype != DType::F32 {
+            return Err(Refusal::new(format!("`{}` is not float32", node.name)));
+        }
+    }
+    let (inputs, outputs) = boundary(g, chain);
+    let read_elsewhere = chain.iter().any(|&n| {
+        g.consumers(n)
+            .iter()
+            .any(|c| *c != reader && !chain.contains(c))
+    });
+    let (&[output], false) = (&outputs[..], read_elsewhere) else {
+        return Err(Refusal::new(
+            "a fused prologue must have one result, read only by the kernel after it",
+        ));
+    };
+    if g.outputs().contains(&output) {
+        return Err(Refusal::new("the prologue's result is a graph output"));
+    }
+    let full = shape(g, output);
+    for &n in chain {
+        if !broadcasts(&shape(g, TensorRef::first(n)), &full) {
+            return Err(Refusal::new(format!(
+                "`{}` does not broadcast to the prologue's shape",
+                g.node(n).name
+            )));
+        }
+    }
+    if let Some(t) = inputs.iter().find(|&&t| g.tensor(t).dtype != DType::F32) {
+        return Err(Refusal::new(format!(
+            "input `{}` is not float32",
+            g.node(t.node).name
+        )));
+    }
+    let params: Vec<String> = (0..inputs.len())
+        .map(|k| format!("const float* __restrict__ px{k}"))
+        .collect();
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}_x: {} pointwise op(s) fused in front of {name}",
+        chain.len()
+    );
+    let _ = writeln!(
+        src,
+        "__device__ __forceinline__ float {name}_x(long long i, {}) {{",
+        params.join(", ")
+    );
+    let mut coords = HashSet::new();
+    let offsets: Vec<String> = inputs
+        .iter()
+        .map(|&t| offset(&shape(g, t), &full, &mut coords))
+        .collect();
+    let mut coords: Vec<usize> = coords.into_iter().collect();
+    coords.sort_unstable();
+    for d in coords {
+        let inner: u64 = full[d + 1..].iter().product();
+        let _ = writeln!(src, "    long long c{d} = (i / {inner}LL) % {}LL;", full[d]);
+    }
+    let mut names: HashMap<TensorRef, String> = HashMap::new();
+    for (k, (&t, off)) in inputs.iter().zip(&offsets).enumerate() {
+        let _ = writeln!(src, "    float v{k} = px{k}[{off}];");
+        names.insert(t, format!("v{k}"));
+    }
+    for &n in chain {
+        let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
+        let var = format!("t{}", n.index());
+        let _ = writeln!(src, "    float {var} = {};", node_expr(g, n, &ins, &full)?);
+        names.insert(TensorRef::first(n), var);
+    }
+    let _ = writeln!(src, "    return {};\n}}", names[&output]);
+    Ok(Prologue {
+        source: src,
+        inputs,
+        output,
+    })
+}
+
 /// The region's tensors read from outside it, and its outputs: tensors
 /// read outside it or that are graph outputs.
 fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
@@ -333,28 +474,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         }
         for &n in &region {
             let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
-            let expr = match &g.node(n).op {
-                Op::Unary(u) => unary(u, &ins[0])?,
-                Op::Binary(b) => binary(*b, &ins[0], &ins[1])?,
-                Op::Scalar {
-                    op,
-                    value,
-                    scalar_first,
-                } => {
-                    let c = lit(*value)?;
-                    if *scalar_first {
-                        binary(*op, &c, &ins[0])?
-                    } else {
-                        binary(*op, &ins[0], &c)?
-                    }
-                }
-                Op::Triangular { upper, diagonal } => {
-                    let (row, col) = (full.len() - 2, full.len() - 1);
-                    let keep = if *upper { ">=" } else { "<=" };
-                    format!("(c{col} - c{row} {keep} {diagonal}LL) ? {} : 0.0f", ins[0])
-                }
-                _ => unreachable!("checked above"),
-            };
+            let expr = node_expr(g, n, &ins, &full)?;
             let var = format!("t{}{suffix}", n.index());
             let _ = writeln!(src, "        float {var} = {expr};");
             names.insert(TensorRef::first(n), var);

@@ -218,13 +218,13 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         );
         src.push_str("    __shared__ float shared[32];\n");
         src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
-        src.push_str("        const float* xr = x + r * K;\n");
+        src.push_str("        const long long xr = r * K;\n");
         match kind.monoid() {
             Some((identity, map, op)) => {
                 let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
                 let _ = writeln!(
                     src,
-                    "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; {} }}",
+                    "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = LOAD_X(xr + k); {} }}",
                     step(map, op)
                 );
                 block_reduce(&mut src, "acc", op, identity);
@@ -236,19 +236,19 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             }
             None => {
                 src.push_str("        float m = __int_as_float(0xff800000);\n");
-                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, xr[k]);\n");
+                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, LOAD_X(xr + k));\n");
                 block_reduce(&mut src, "m", "fmaxf(a, b)", "__int_as_float(0xff800000)");
                 src.push_str("        float s = 0.0f;\n");
                 src.push_str("        float c = 0.0f;\n");
-                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) { float y = expf(xr[k] - m) - c; float t = s + y; c = (t - s) - y; s = t; }\n");
+                src.push_str("        for (long long k = threadIdx.x; k < K; k += blockDim.x) { float y = expf(LOAD_X(xr + k) - m) - c; float t = s + y; c = (t - s) - y; s = t; }\n");
                 block_reduce(&mut src, "s", "a + b", "0.0f");
                 match kind {
                     Kind::LogSumExp => src.push_str("        if (threadIdx.x == 0) y[r] = m + logf(s);\n"),
                     Kind::Softmax { log: false } => src.push_str(
-                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = expf(xr[k] - m) / s;\n",
+                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = expf(LOAD_X(xr + k) - m) / s;\n",
                     ),
                     _ => src.push_str(
-                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = xr[k] - m - logf(s);\n",
+                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = LOAD_X(xr + k) - m - logf(s);\n",
                     ),
                 }
             }
@@ -263,13 +263,13 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
         src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
         src.push_str("        long long o = idx / inner, i = idx % inner;\n");
-        src.push_str("        const float* base = x + o * K * inner + i;\n");
+        src.push_str("        const long long base = o * K * inner + i;\n");
         match kind.monoid() {
             Some((identity, map, op)) => {
                 let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
                 let _ = writeln!(
                     src,
-                    "        for (long long k = 0; k < K; ++k) {{ float v = base[k * inner]; {} }}",
+                    "        for (long long k = 0; k < K; ++k) {{ float v = LOAD_X(base + k * inner); {} }}",
                     step(map, op)
                 );
                 let _ = writeln!(src, "        y[idx] = {};", finish("acc"));
@@ -277,19 +277,19 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             None => {
                 src.push_str("        float m = __int_as_float(0xff800000);\n");
                 src.push_str(
-                    "        for (long long k = 0; k < K; ++k) m = fmaxf(m, base[k * inner]);\n",
+                    "        for (long long k = 0; k < K; ++k) m = fmaxf(m, LOAD_X(base + k * inner));\n",
                 );
                 src.push_str("        float s = 0.0f;\n");
                 src.push_str(
-                    "        float c = 0.0f;\n        for (long long k = 0; k < K; ++k) { float y = expf(base[k * inner] - m) - c; float t = s + y; c = (t - s) - y; s = t; }\n",
+                    "        float c = 0.0f;\n        for (long long k = 0; k < K; ++k) { float y = expf(LOAD_X(base + k * inner) - m) - c; float t = s + y; c = (t - s) - y; s = t; }\n",
                 );
                 match kind {
                     Kind::LogSumExp => src.push_str("        y[idx] = m + logf(s);\n"),
                     Kind::Softmax { log: false } => src.push_str(
-                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = expf(base[k * inner] - m) / s;\n",
+                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = expf(LOAD_X(base + k * inner) - m) / s;\n",
                     ),
                     _ => src.push_str(
-                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = base[k * inner] - m - logf(s);\n",
+                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = LOAD_X(base + k * inner) - m - logf(s);\n",
                     ),
                 }
             }
@@ -355,11 +355,11 @@ fn arg_rows(
         );
         src.push_str("    __shared__ float best_v[32];\n    __shared__ long long best_i[32];\n");
         src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
-        src.push_str("        const float* xr = x + r * K;\n");
+        src.push_str("        const long long xr = r * K;\n");
         let _ = writeln!(src, "        float best = {start}; long long at = K;");
         let _ = writeln!(
             src,
-            "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; {} }}",
+            "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = LOAD_X(xr + k); {} }}",
             take("v", "k")
         );
         let shuffle = format!(
@@ -385,11 +385,11 @@ fn arg_rows(
         );
         src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
         src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
-        src.push_str("        const float* base = x + (idx / inner) * K * inner + idx % inner;\n");
+        src.push_str("        const long long base = (idx / inner) * K * inner + idx % inner;\n");
         let _ = writeln!(src, "        float best = {start}; long long at = K;");
         let _ = writeln!(
             src,
-            "        for (long long k = 0; k < K; ++k) {{ float v = base[k * inner]; {} }}",
+            "        for (long long k = 0; k < K; ++k) {{ float v = LOAD_X(base + k * inner); {} }}",
             take("v", "k")
         );
         src.push_str("        y[idx] = at;\n    }\n}\n");
@@ -435,11 +435,11 @@ fn split_rows(
     src.push_str("    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n");
     src.push_str("    const long long chunk = (K + splits - 1) / splits;\n");
     src.push_str("    const long long lo = part * chunk, hi = min(K, lo + chunk);\n");
-    src.push_str("    const float* xr = x + r * K;\n    {\n");
+    src.push_str("    const long long xr = r * K;\n    {\n");
     let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
     let _ = writeln!(
         src,
-        "        for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ float v = xr[k]; {} }}",
+        "        for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ float v = LOAD_X(xr + k); {} }}",
         step(map, op)
     );
     block_reduce(&mut src, "acc", op, identity);
@@ -601,12 +601,12 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     );
     src.push_str("    __shared__ float shared[32];\n");
     src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
-    src.push_str("        const float* xr = x + r * K;\n");
+    src.push_str("        const long long xr = r * K;\n");
     let sum = |src: &mut String, var: &str, term: &str| {
         let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
         let _ = writeln!(
             src,
-            "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = xr[k]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+            "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = LOAD_X(xr + k); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
         );
         block_reduce(src, var, "a + b", "0.0f");
     };
@@ -634,7 +634,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     };
     let _ = writeln!(
         src,
-        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = (xr[k] - mean) * rstd{scale}{shift};"
+        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = (LOAD_X(xr + k) - mean) * rstd{scale}{shift};"
     );
     src.push_str("    }\n}\n");
     let launch = Launch {
@@ -740,7 +740,7 @@ impl SplitNorm {
             let _ = writeln!(src, "    float {var} = 0.0f, c_{var} = 0.0f;");
             let _ = writeln!(
                 src,
-                "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ float v = x[{address}]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+                "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ float v = LOAD_X({address}); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
             );
             block_reduce(src, var, "a + b", "0.0f");
         };
@@ -804,7 +804,7 @@ impl SplitNorm {
         };
         let _ = writeln!(
             src,
-            "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ long long at = {address}; y[at] = (x[at] - mean) * rstd{scale}{shift}; }}\n}}"
+            "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ long long at = {address}; y[at] = (LOAD_X(at) - mean) * rstd{scale}{shift}; }}\n}}"
         );
         let launch = Launch {
             grid: (groups * splits) as u32,
@@ -897,7 +897,7 @@ fn batch_norm(
             let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
             let _ = writeln!(
                 src,
-                "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ float v = x[((i / S) * C + ch) * S + i % S]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+                "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ float v = LOAD_X(((i / S) * C + ch) * S + i % S); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
             );
             block_reduce(src, var, "a + b", "0.0f");
         };
@@ -910,7 +910,7 @@ fn batch_norm(
         );
         let _ = writeln!(
             src,
-            "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ long long at = ((i / S) * C + ch) * S + i % S; y[at] = (x[at] - mean) * rstd{scale}{shift}; }}"
+            "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ long long at = ((i / S) * C + ch) * S + i % S; y[at] = (LOAD_X(at) - mean) * rstd{scale}{shift}; }}"
         );
         src.push_str("    }\n}\n");
         c.clamp(1, WAVES * 2)
@@ -928,7 +928,7 @@ fn batch_norm(
             let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
             let _ = writeln!(
                 src,
-                "        if (live) for (long long r = row; r < N; r += rows) {{ float v = x[r * C + ch]; float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+                "        if (live) for (long long r = row; r < N; r += rows) {{ float v = LOAD_X(r * C + ch); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
             );
             let _ = writeln!(src, "        part[row][lane] = {var};");
             src.push_str("        __syncthreads();\n");
@@ -949,7 +949,7 @@ fn batch_norm(
         );
         let _ = writeln!(
             src,
-            "        if (live) for (long long r = row; r < N; r += rows) y[r * C + ch] = (x[r * C + ch] - mean) * rstd{scale}{shift};"
+            "        if (live) for (long long r = row; r < N; r += rows) y[r * C + ch] = (LOAD_X(r * C + ch) - mean) * rstd{scale}{shift};"
         );
         src.push_str("    }\n}\n");
         c.div_ceil(32).clamp(1, WAVES * 2)

@@ -74,7 +74,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("    __shared__ float warp_total[32];\n    __shared__ float carry_in;\n");
         src.push_str("    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
         src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
-        src.push_str("        const float* xr = x + r * K;\n        float* yr = y + r * K;\n");
+        src.push_str("        const long long xr = r * K;\n        float* yr = y + r * K;\n");
         let _ = writeln!(
             src,
             "        if (threadIdx.x == 0) carry_in = {identity};\n        __syncthreads();"
@@ -83,7 +83,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("            const long long j = base + threadIdx.x;\n");
         let _ = writeln!(
             src,
-            "            float v = j < K ? xr[{}] : {identity};",
+            "            float v = j < K ? LOAD_X(xr + {}) : {identity};",
             at("j")
         );
         let _ = writeln!(
@@ -120,7 +120,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         let _ = writeln!(src, "        float acc = {identity};");
         let _ = writeln!(
             src,
-            "        for (long long j = 0; j < K; ++j) {{ long long at = base + {} * inner; acc = acc {op} x[at]; y[at] = acc; }}",
+            "        for (long long j = 0; j < K; ++j) {{ long long at = base + {} * inner; acc = acc {op} LOAD_X(at); y[at] = acc; }}",
             at("j")
         );
         src.push_str("    }\n}\n");
