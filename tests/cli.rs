@@ -611,10 +611,7 @@ fn optimize_writes_a_program_for_a_pointwise_intent_or_says_what_it_lacks() {
         "{s}"
     );
     assert!(s.contains("block=256 vector=1: compiled, not run"), "{s}");
-    assert!(
-        s.contains("block=256 vector=4: refused, rolled back: float4 needs every input"),
-        "{s}"
-    );
+    assert!(s.contains("block=256 vector=4: compiled, not run"), "{s}");
     // The written program is a candidate `mtmc eval` takes for the same intent.
     let program = out_dir.join("program.json");
     assert!(out_dir.join("program.cu").is_file() && out_dir.join("report.json").is_file());

@@ -463,7 +463,14 @@ fn search(
         correct: 0,
         best: None,
     };
+    // Launch parameters do not change values: once a program is wrong,
+    // its other launch variants are skipped; only the variant with the
+    // pointwise chains kept apart is still tried, and after that nothing.
+    let mut wrong_fused = false;
     for &(params, fuse) in variants {
+        if wrong_fused && fuse {
+            continue;
+        }
         let label = format!(
             "block={} vector={}{}",
             params.block,
@@ -528,9 +535,20 @@ fn search(
                 writeln!(out, "  {label}: {}, rolled back: {first}", status.name())?;
             }
         }
+        let wrong = o.status == Status::Incorrect;
         found
             .attempts
             .push(serde_json::json!({"params": params, "outcome": o}));
+        if wrong {
+            if !fuse {
+                writeln!(
+                    out,
+                    "  the program is wrong with its chains fused and apart; its other variants are skipped"
+                )?;
+                break;
+            }
+            wrong_fused = true;
+        }
     }
     Ok(found)
 }

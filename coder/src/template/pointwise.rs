@@ -278,6 +278,22 @@ pub fn prologue(
     })
 }
 
+/// `expr` with coordinate `c{d}` (a whole word) renamed to `to`.
+fn rename_coord(expr: &str, d: usize, to: &str) -> String {
+    let from = format!("c{d}");
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find(&from) {
+        let after = &rest[at + from.len()..];
+        let whole = !after.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        out.push_str(&rest[..at]);
+        out.push_str(if whole { to } else { &from });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The region's tensors read from outside it, and its outputs: tensors
 /// read outside it or that are graph outputs.
 fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
@@ -358,7 +374,6 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             "block {block} is not a power of two from 32 to 1024"
         )));
     }
-    let broadcast_inputs = inputs.iter().any(|&t| shape(g, t) != full);
     // triu / tril keep elements by their row and column in the last two
     // dims of the region's shape.
     let triangular = region
@@ -382,11 +397,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 "triu and tril read each element's row and column: one element per thread",
             ));
         }
-        4 if !broadcast_inputs && numel.is_multiple_of(4) => 4,
+        4 if numel.is_multiple_of(4) => 4,
         4 => {
-            return Err(Refusal::new(
-                "float4 needs every input at the output's shape and a multiple of 4 elements",
-            ));
+            return Err(Refusal::new("float4 needs a multiple of 4 elements"));
         }
         v => return Err(Refusal::new(format!("vector width {v} is not 1 or 4"))),
     };
@@ -424,7 +437,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src,
         "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < {trips}; i += stride) {{"
     );
-    // Coordinates of the output index that broadcast inputs need.
+    // Coordinates of the output index that broadcast inputs need. With
+    // float4, element `i * 4 + l` is lane `l`; a coordinate whose inner
+    // extent is a multiple of 4 is the same for the four lanes.
     let mut coords = HashSet::new();
     let offsets: Vec<String> = inputs
         .iter()
@@ -435,23 +450,68 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     let mut coords: Vec<usize> = coords.into_iter().collect();
     coords.sort_unstable();
-    for d in coords {
+    let shared = |d: usize| full[d + 1..].iter().product::<u64>().is_multiple_of(4);
+    for &d in &coords {
         let inner: u64 = full[d + 1..].iter().product();
-        let _ = writeln!(
-            src,
-            "        long long c{d} = (i / {inner}LL) % {}LL;",
-            full[d]
-        );
+        if vector == 1 {
+            let _ = writeln!(
+                src,
+                "        long long c{d} = (i / {inner}LL) % {}LL;",
+                full[d]
+            );
+        } else if shared(d) {
+            let _ = writeln!(
+                src,
+                "        long long c{d} = (i * 4 / {inner}LL) % {}LL;",
+                full[d]
+            );
+        } else {
+            for (l, lane) in lanes.iter().enumerate() {
+                let _ = writeln!(
+                    src,
+                    "        long long c{d}_{lane} = ((i * 4 + {l}) / {inner}LL) % {}LL;",
+                    full[d]
+                );
+            }
+        }
     }
-    // Loads.
+    // Loads: an input at the full shape as one float4; a broadcast one
+    // lane by lane, or once when its offset is the same for every lane.
+    let mut lane_names: Vec<Vec<String>> = Vec::new();
     for (k, off) in offsets.iter().enumerate() {
-        if vector == 4 {
+        let full_shape = shape(g, inputs[k]) == full;
+        if vector == 1 {
+            let _ = writeln!(src, "        float v{k} = in{k}[{off}];");
+            lane_names.push(vec![format!("v{k}")]);
+        } else if full_shape {
             let _ = writeln!(
                 src,
                 "        float4 v{k} = reinterpret_cast<const float4*>(in{k})[i];"
             );
+            lane_names.push(lanes.iter().map(|l| format!("v{k}.{l}")).collect());
         } else {
-            let _ = writeln!(src, "        float v{k} = in{k}[{off}];");
+            let used: Vec<usize> = coords
+                .iter()
+                .copied()
+                .filter(|&d| rename_coord(off, d, "@") != *off)
+                .collect();
+            if used.iter().all(|&d| shared(d)) {
+                let _ = writeln!(src, "        float v{k} = in{k}[{off}];");
+                lane_names.push(vec![format!("v{k}"); lanes.len()]);
+            } else {
+                let mut names = Vec::new();
+                for lane in &lanes {
+                    let mut lane_off = off.clone();
+                    for &d in &used {
+                        if !shared(d) {
+                            lane_off = rename_coord(&lane_off, d, &format!("c{d}_{lane}"));
+                        }
+                    }
+                    let _ = writeln!(src, "        float v{k}_{lane} = in{k}[{lane_off}];");
+                    names.push(format!("v{k}_{lane}"));
+                }
+                lane_names.push(names);
+            }
         }
     }
     let mut results = Vec::new();
@@ -463,14 +523,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         };
         let mut names: HashMap<TensorRef, String> = HashMap::new();
         for (k, &t) in inputs.iter().enumerate() {
-            names.insert(
-                t,
-                if lane.is_empty() {
-                    format!("v{k}")
-                } else {
-                    format!("v{k}.{lane}")
-                },
-            );
+            let l = lanes.iter().position(|x| x == lane).unwrap_or(0);
+            names.insert(t, lane_names[k][l.min(lane_names[k].len() - 1)].clone());
         }
         for &n in &region {
             let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
