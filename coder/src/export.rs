@@ -431,7 +431,7 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         match &node.op {
             Op::Input { name } => {
                 let v = format!("in_{}", ident(name));
-                forward_args.push(v.clone());
+                forward_args.push((v.clone(), name.clone()));
                 var.insert(t, v);
                 continue;
             }
@@ -531,7 +531,7 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         .collect::<Result<_, _>>()?;
     let device_of = forward_args
         .first()
-        .cloned()
+        .map(|(v, _)| v.clone())
         .unwrap_or_else(|| "torch.empty(0, device='cuda')".into());
 
     let mut py = String::new();
@@ -578,13 +578,40 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
     if kernels {
         py.push_str("def _ptr(t):\n    return cp.uint64(t.data_ptr())\n\n\n");
     }
+    // Constants torch.fx lifted out of the forward (`torch.tensor(c)`) are
+    // no attributes of the Model: they are read from a trace of it, once.
+    let lifted: Vec<&String> = params
+        .iter()
+        .map(|(_, name, _)| name)
+        .filter(|n| n.starts_with("_tensor_constant"))
+        .collect();
+    if !lifted.is_empty() {
+        py.push_str("def _lifted_constants(model, names):\n    holder = nn.Module()\n    traced = torch.fx.symbolic_trace(model)\n    for k, name in enumerate(names):\n        holder.register_buffer(f\"c{k}\", getattr(traced, name).detach().clone())\n    return holder\n\n\n");
+    }
+    // The forward takes the Model's arguments by position and reads the
+    // tensors the graph uses by name (a Python scalar argument is a
+    // constant of the traced graph).
+    py.push_str("import inspect\n_FORWARD = list(inspect.signature(_PROBLEM_NS[\"Model\"].forward).parameters)[1:]\n\n\n");
     py.push_str("class ModelNew(nn.Module):\n    def __init__(self, *args, **kwargs):\n        super().__init__()\n");
     py.push_str("        self.reference_parameters = _PROBLEM_NS[\"Model\"](*args, **kwargs)\n");
-    let _ = writeln!(py, "\n    def forward(self, {}):", forward_args.join(", "));
-    for a in &forward_args {
-        let _ = writeln!(py, "        {a} = {a}.contiguous()");
+    if !lifted.is_empty() {
+        let names: Vec<String> = lifted.iter().map(|n| format!("{n:?}")).collect();
+        let _ = writeln!(
+            py,
+            "        self.lifted_constants = _lifted_constants(self.reference_parameters, [{}])",
+            names.join(", ")
+        );
+    }
+    py.push_str("\n    def forward(self, *args, **kwargs):\n");
+    py.push_str("        bound = dict(zip(_FORWARD, args))\n        bound.update(kwargs)\n");
+    for (v, name) in &forward_args {
+        let _ = writeln!(py, "        {v} = bound[{name:?}].contiguous()");
     }
     for (v, name, trainable) in &params {
+        if let Some(k) = lifted.iter().position(|n| *n == name) {
+            let _ = writeln!(py, "        {v} = self.lifted_constants.c{k}.contiguous()");
+            continue;
+        }
         let getter = if *trainable {
             "get_parameter"
         } else {

@@ -47,3 +47,63 @@ fn every_op_can_stay_a_torch_call() {
         String::from_utf8_lossy(&parsed.stderr)
     );
 }
+
+/// The shared problem's code, from the problems file beside the checkout.
+fn problem_code(level: u64, name: &str) -> String {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/kernelbench/problems.jsonl"
+    );
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("these tests read the shared problems at {path}: {e}"));
+    text.lines()
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            (v["level"] == level && v["name"] == name)
+                .then(|| v["code"].as_str().unwrap().to_string())
+        })
+        .unwrap_or_else(|| panic!("no shared problem L{level}/{name}"))
+}
+
+/// With torch on the CPU (`$MTMC_TEST_PYTHON`): a call-library export
+/// takes the Model's arguments as the Model does (a Python scalar
+/// included), reads constants torch.fx lifted out of the forward, and
+/// computes what the Model computes on small inputs.
+#[test]
+fn call_library_exports_run_like_the_model_on_the_cpu() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    for (level, name, inputs) in [
+        (
+            1,
+            "5_Matrix_scalar_multiplication",
+            "[torch.rand(8, 16), 3.14]",
+        ),
+        (
+            2,
+            "31_Conv2d_Min_Add_Multiply",
+            "[torch.rand(2, 64, 12, 12)]",
+        ),
+    ] {
+        let code = problem_code(level, name);
+        let g = common::traced(level, name);
+        let exported = to_model_new(&g, &Program::default(), &code).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model_new.py");
+        std::fs::write(&file, &exported).unwrap();
+        let script = format!(
+            "import runpy, torch\nns = runpy.run_path({:?})\nexec(ns['_PROBLEM'], p := {{}})\ntorch.manual_seed(0)\nnew = ns['ModelNew'](*p['get_init_inputs']())\nargs = {inputs}\nwant = new.reference_parameters(*args)\ngot = new(*args)\nassert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()\nprint('same')",
+            file.display()
+        );
+        let out = std::process::Command::new(&python)
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("same"),
+            "L{level}/{name}: {}\n{exported}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
