@@ -75,6 +75,19 @@ pub struct MathMode {
     /// fp32 matrix products may run as TF32 on tensor cores. KernelBench's
     /// fp32 tolerance (1e-4) rules this out, so it is off by default.
     pub allow_tf32: bool,
+    /// Convolutions run as TF32: cuDNN does so under torch's defaults
+    /// (`torch.backends.cudnn.allow_tf32`), for the reference and for a
+    /// convolution kept as a library call alike.
+    pub conv_tf32: bool,
+}
+
+impl MathMode {
+    /// The math of a program whose convolutions are torch calls: fp32
+    /// everywhere but the convolutions, which cuDNN runs as TF32.
+    pub const TORCH_DEFAULTS: MathMode = MathMode {
+        allow_tf32: false,
+        conv_tf32: true,
+    };
 }
 
 impl DeviceSpec {
@@ -89,7 +102,9 @@ impl DeviceSpec {
             (true, DType::BF16) => r.bf16_tensor,
             (true, DType::F16) => r.fp16_tensor,
             (true, DType::F64) => r.fp64_tensor,
-            (true, _) if math.allow_tf32 => r.tf32_tensor,
+            (true, _) if math.allow_tf32 || (class == OpClass::Conv && math.conv_tf32) => {
+                r.tf32_tensor
+            }
             (_, DType::F16 | DType::BF16) => r.half_vector,
             (_, DType::F64) => r.fp64,
             _ => r.fp32,
@@ -192,7 +207,14 @@ mod tests {
     fn fp32_matmul_uses_cuda_cores_unless_tf32_is_allowed() {
         let h100 = find_device(&builtin_devices(), "H100").unwrap().clone();
         let strict = h100.rate(OpClass::Matmul, DType::F32, MathMode::default());
-        let tf32 = h100.rate(OpClass::Matmul, DType::F32, MathMode { allow_tf32: true });
+        let tf32 = h100.rate(
+            OpClass::Matmul,
+            DType::F32,
+            MathMode {
+                allow_tf32: true,
+                ..MathMode::default()
+            },
+        );
         let tflops = |r: f64| (r / 1e12 * 10.0).round() / 10.0;
         assert_eq!(tflops(strict), 66.9);
         assert_eq!(tflops(tf32), 494.7);

@@ -313,7 +313,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             &graph,
             find_device(&specs, o.device.as_deref().unwrap_or("")),
         ) {
-            o.add_roofline(g, spec, MathMode::default());
+            o.add_roofline(g, spec, MathMode::TORCH_DEFAULTS);
         }
         print(out, c.name(), &o)?;
         out.flush()?;
@@ -363,7 +363,7 @@ fn run_on_gpus(
             graph,
             find_device(&specs, o.device.as_deref().unwrap_or("")),
         ) {
-            o.add_roofline(g, spec, MathMode::default());
+            o.add_roofline(g, spec, MathMode::TORCH_DEFAULTS);
         }
         writeln!(out, "[GPU {}]", d.slot)?;
         print(out, name, &o)?;

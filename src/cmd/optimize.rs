@@ -433,9 +433,11 @@ pub fn optimize_problem(
     Ok(summary)
 }
 
+/// The roofline of the graph on the outcome's GPU, convolutions at the
+/// TF32 rate cuDNN runs them at under torch's defaults.
 fn add_roofline(o: &mut Outcome, g: &OpGraph, specs: &[mtmc_actions::device::DeviceSpec]) {
     if let Some(spec) = find_device(specs, o.device.as_deref().unwrap_or("")) {
-        o.add_roofline(g, spec, MathMode::default());
+        o.add_roofline(g, spec, MathMode::TORCH_DEFAULTS);
     }
 }
 
