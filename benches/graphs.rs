@@ -66,6 +66,7 @@ fn main() {
         black_box(compile("y = gelu(x @ w + b)\nz = softmax(y, dim=-1)", &bindings).unwrap());
     });
     let reference = reference_check();
+    let reduction = reduction_check();
     let n = lines.len() as u32;
     println!("{:<40} {:>12} {:>12}", "benchmark", "total", "per problem");
     for (name, d) in [
@@ -80,6 +81,36 @@ fn main() {
         "{:<40} {:>12.3?}",
         "f64 check of gelu(x@w+b), 1024^3", reference
     );
+    println!(
+        "{:<40} {:>12.3?}",
+        "f64 check of sum(relu(x)*2), 2048^2", reduction
+    );
+}
+
+/// One trial's check of a row reduction over a computed input: every one
+/// of the 2048 sums of y = sum(relu(x) * 2, dim=1) on a 2048x2048 input.
+fn reduction_check() -> Duration {
+    use mtmc_env::reference::{Reference, Rng};
+    use std::collections::HashMap;
+    let bindings = Bindings {
+        shapes: parse_shapes("x=2048x2048").unwrap(),
+        dtype: None,
+    };
+    let g = compile("y = sum(relu(x) * 2, dim=1)", &bindings).unwrap();
+    let mut rng = Rng::new(2);
+    let inputs: HashMap<String, Vec<f64>> = [(
+        "x".to_string(),
+        (0..1 << 22).map(|_| rng.uniform(-1.0, 1.0)).collect(),
+    )]
+    .into_iter()
+    .collect();
+    let out = g.outputs()[0];
+    measure(|| {
+        let mut r = Reference::new(&g, &inputs).unwrap();
+        for i in 0..2048 {
+            black_box(r.element(out, i).unwrap());
+        }
+    })
 }
 
 /// One trial's check by the native evaluator: the edge and 4096 sampled

@@ -77,6 +77,8 @@ pub struct Reference<'g> {
     memo: HashMap<(TensorRef, usize), f64>,
     rows: HashMap<(TensorRef, usize), (f64, f64)>,
     lines: HashMap<(TensorRef, usize), Vec<f64>>,
+    /// Each node's inputs and whether every one has the node's own shape.
+    operands: HashMap<NodeId, (Vec<TensorRef>, bool)>,
 }
 
 fn shape_of(g: &OpGraph, t: TensorRef) -> Vec<usize> {
@@ -148,12 +150,24 @@ impl<'g> Reference<'g> {
             }
             values.insert(id, *v);
         }
+        let operands = g
+            .nodes()
+            .map(|(id, node)| {
+                let ins = g.inputs(id);
+                let same = node
+                    .outputs
+                    .first()
+                    .is_some_and(|out| ins.iter().all(|&t| g.tensor(t).shape == out.shape));
+                (id, (ins, same))
+            })
+            .collect();
         Ok(Reference {
             g,
             values,
             memo: HashMap::new(),
             rows: HashMap::new(),
             lines: HashMap::new(),
+            operands,
         })
     }
 
@@ -161,6 +175,44 @@ impl<'g> Reference<'g> {
     pub fn element(&mut self, t: TensorRef, flat: usize) -> Result<f64, ReferenceError> {
         if let Some(v) = self.values.get(&t.node) {
             return Ok(v.get(flat));
+        }
+        // Elementwise steps on operands of their own shape are recomputed
+        // on demand, not memoized: each is a few flops, and a reduction
+        // over a computed input reads every element once.
+        let g = self.g;
+        let (ins, same) = &self.operands[&t.node];
+        if *same {
+            let first = ins.first().copied();
+            match (&g.node(t.node).op, first) {
+                (Op::Unary(u), Some(a)) => return Ok(unary(u, self.element(a, flat)?)),
+                (
+                    Op::Scalar {
+                        op,
+                        value,
+                        scalar_first,
+                    },
+                    Some(a),
+                ) => {
+                    let x = self.element(a, flat)?;
+                    return Ok(if *scalar_first {
+                        binary(*op, *value, x)
+                    } else {
+                        binary(*op, x, *value)
+                    });
+                }
+                (Op::Binary(b), Some(a)) => {
+                    let c = ins[1];
+                    let x = self.element(a, flat)?;
+                    return Ok(binary(*b, x, self.element(c, flat)?));
+                }
+                (
+                    Op::Layout(Layout::Reshape | Layout::Copy) | Op::Dropout { active: false, .. },
+                    Some(a),
+                ) if g.tensor(a).numel() == g.tensor(t).numel() => {
+                    return self.element(a, flat);
+                }
+                _ => {}
+            }
         }
         if let Some(&v) = self.memo.get(&(t, flat)) {
             return Ok(v);
