@@ -31,7 +31,7 @@ fn tuple(v: &[u64]) -> String {
 }
 
 /// The torch expression computing `op` from `ins` (Python names).
-fn torch_call(op: &Op, ins: &[String]) -> Option<String> {
+fn torch_call(op: &Op, ins: &[String], out: &mtmc_actions::dtype::TensorType) -> Option<String> {
     Some(match op {
         Op::MatMul(MatMul {
             trans_a,
@@ -107,7 +107,7 @@ fn torch_call(op: &Op, ins: &[String]) -> Option<String> {
             }
             call + ")"
         }
-        other => return torch_fallback(other, ins),
+        other => return torch_fallback(other, ins, out),
     })
 }
 
@@ -132,11 +132,26 @@ fn dims_tuple(d: &[usize]) -> String {
 /// The torch expression for an op the call-library action keeps as a
 /// torch call when no kernel is written for it (the whole program as
 /// library calls, reported as such).
-fn torch_fallback(op: &Op, ins: &[String]) -> Option<String> {
+fn torch_fallback(
+    op: &Op,
+    ins: &[String],
+    out: &mtmc_actions::dtype::TensorType,
+) -> Option<String> {
     use mtmc_actions::op::{
         AdaptivePool, BinaryOp as B, Layout, Loss, LossKind, Norm, NormKind, Pool, Reduce,
         ReduceOp as R, Reduction, Scan, UnaryOp as U,
     };
+    if let Op::Constant {
+        fill: mtmc_actions::op::Fill::Full(v),
+    } = op
+    {
+        return Some(format!(
+            "torch.full({}, {}, dtype=torch.{}, device=_device)",
+            tuple(&out.shape),
+            py(*v),
+            torch_dtype(out.dtype).ok()?
+        ));
+    }
     let x = ins.first()?;
     let binary = |op: B, a: &str, b: &str| -> Option<String> {
         Some(match op {
@@ -374,6 +389,14 @@ fn torch_fallback(op: &Op, ins: &[String]) -> Option<String> {
             Layout::Copy => format!("{x}.clone()"),
             Layout::Flip { dims } => format!("torch.flip({x}, {})", dims_tuple(dims)),
             Layout::Concat { dim } => format!("torch.cat([{}], dim={dim})", ins.join(", ")),
+            // The tracer writes basic indexing as Python: a subscript, or a
+            // narrow / select call (split makes several tensors: not here).
+            Layout::Slice { subscript } if subscript.starts_with('[') => format!("{x}{subscript}"),
+            Layout::Slice { subscript }
+                if subscript.starts_with("narrow(") || subscript.starts_with("select(") =>
+            {
+                format!("{x}.{subscript}")
+            }
             _ => return None,
         },
         _ => return None,
@@ -510,7 +533,7 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                 })
             })
             .collect::<Result<_, _>>()?;
-        let call = torch_call(&node.op, &ins).ok_or_else(|| {
+        let call = torch_call(&node.op, &ins, &node.outputs[0]).ok_or_else(|| {
             format!(
                 "no fragment computes `{}` ({}) and it has no torch rendering yet",
                 node.name, node.op

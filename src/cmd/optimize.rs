@@ -577,20 +577,21 @@ fn conclude(
         return Ok(false);
     };
     let files = write_best(&program)?;
+    let what = if program.fragments.is_empty() {
+        "every op a torch call".to_string()
+    } else {
+        format!("block={} vector={}", params.block, params.vector)
+    };
     if ms.is_finite() {
         writeln!(
             out,
-            "best: block={} vector={}, {ms:.4} ms; wrote {files} and report.json to {}",
-            params.block,
-            params.vector,
+            "best: {what}, {ms:.4} ms; wrote {files} and report.json to {}",
             out_dir.display()
         )?;
     } else {
         writeln!(
             out,
-            "nothing was run or timed (no GPU); wrote the first variant that compiled (block={} vector={}) to {}",
-            params.block,
-            params.vector,
+            "nothing was run or timed (no GPU); wrote the first program that compiled ({what}) to {}",
             out_dir.display()
         )?;
     }
@@ -734,9 +735,16 @@ fn regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
         region_of.insert(id, r);
     }
     if !other.is_empty() {
+        // The first few by name; many are repeats of one kind.
+        let shown = other.len().min(6);
+        let more = if other.len() > shown {
+            format!(" and {} more", other.len() - shown)
+        } else {
+            String::new()
+        };
         bail!(
-            "the template coder has no family yet for {}; today `optimize` covers pointwise chains, reductions, softmax, norms, pooling, scans and losses, with matmuls, convolutions and attention as library calls",
-            other.join(", ")
+            "the template coder has no family yet for {}{more}; today `optimize` covers pointwise chains, reductions, softmax, norms, pooling, scans and losses, with matmuls, convolutions and attention as library calls",
+            other[..shown].join(", ")
         );
     }
     Ok(regions)
