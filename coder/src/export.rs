@@ -124,6 +124,12 @@ fn py(v: f64) -> String {
     }
 }
 
+/// A Python list of integers.
+fn int_list(v: &[i64]) -> String {
+    let items: Vec<String> = v.iter().map(i64::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
 /// A Python tuple of dims.
 fn dims_tuple(d: &[usize]) -> String {
     tuple(&d.iter().map(|&x| x as u64).collect::<Vec<_>>())
@@ -213,6 +219,11 @@ fn torch_fallback(
                 binary(*op, x, &c)?
             }
         }
+        Op::Einsum { equation } => format!("torch.einsum({equation:?}, {})", ins.join(", ")),
+        Op::Where { fill: Some(v) } => format!("{x}.masked_fill({}, {})", ins.get(1)?, py(*v)),
+        Op::Where { fill: None } => {
+            format!("torch.where({x}, {}, {})", ins.get(1)?, ins.get(2)?)
+        }
         Op::Triangular { upper, diagonal } => format!(
             "torch.{}({x}, {diagonal})",
             if *upper { "triu" } else { "tril" }
@@ -299,6 +310,7 @@ fn torch_fallback(
                 NormKind::Group { groups } => {
                     format!("F.group_norm({x}, {groups}, {w}, {b}, {eps})")
                 }
+                NormKind::Lp { p, dim } => format!("F.normalize({x}, {}, {dim}, {eps})", py(*p)),
                 NormKind::Instance if *batch_stats => {
                     format!("F.instance_norm({x}, None, None, {w}, {b}, True, 0.1, {eps})")
                 }
@@ -389,6 +401,17 @@ fn torch_fallback(
             Layout::Copy => format!("{x}.clone()"),
             Layout::Flip { dims } => format!("torch.flip({x}, {})", dims_tuple(dims)),
             Layout::Concat { dim } => format!("torch.cat([{}], dim={dim})", ins.join(", ")),
+            Layout::Stack { dim } => format!("torch.stack([{}], dim={dim})", ins.join(", ")),
+            Layout::Expand => format!("{x}.expand{}", tuple(&out.shape)),
+            Layout::Roll { shifts, dims } => {
+                format!(
+                    "torch.roll({x}, {}, {})",
+                    int_list(shifts),
+                    dims_tuple(dims)
+                )
+            }
+            // The tracer records constant padding (F.pad's default mode).
+            Layout::Pad { pads } => format!("F.pad({x}, {})", int_list(pads)),
             // The tracer writes basic indexing as Python: a subscript, or a
             // narrow / select call (split makes several tensors: not here).
             Layout::Slice { subscript } if subscript.starts_with('[') => format!("{x}{subscript}"),

@@ -5,8 +5,8 @@ use mtmc_coder::program::Program;
 
 mod common;
 
-/// Every level-1 and level-2 graph exports with no kernel at all, and
-/// Python parses the file.
+/// Every level-1 and level-2 graph (and 30 of the 40 of level 3) exports
+/// with no kernel at all, and Python parses the file.
 #[test]
 fn every_op_can_stay_a_torch_call() {
     let traces = include_str!("../../traces/kernelbench.jsonl");
@@ -15,18 +15,22 @@ fn every_op_can_stay_a_torch_call() {
     for line in traces.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         let level = v["level"].as_u64().unwrap();
-        if level > 2 {
-            continue;
-        }
         let name = v["name"].as_str().unwrap();
         let g = common::traced(level, name);
         match to_model_new(&g, &Program::default(), "class Model: pass\n") {
-            Ok(code) => files.push((name.to_string(), code)),
-            Err(e) => missing.push(format!("L{level}/{name}: {e}")),
+            Ok(code) => files.push((format!("L{level}_{name}"), code)),
+            Err(e) => missing.push((level, format!("L{level}/{name}: {e}"))),
         }
     }
-    assert!(missing.is_empty(), "{missing:#?}");
-    assert_eq!(files.len(), 160);
+    // Level 3 still has ops with no rendering (recurrent layers, split,
+    // literal and random constants).
+    let low: Vec<_> = missing.iter().filter(|(l, _)| *l <= 2).collect();
+    assert!(low.is_empty(), "{low:#?}");
+    assert!(
+        files.len() >= 190,
+        "{} of 200 render: {missing:#?}",
+        files.len()
+    );
     let dir = tempfile::tempdir().unwrap();
     for (name, code) in &files {
         assert!(!code.contains("_KERNELS[\""), "{name} launches a kernel");
