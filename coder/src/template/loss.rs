@@ -14,7 +14,7 @@ use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{Loss, LossKind, Op, Reduction};
 
 use super::rows::{block_reduce, combine_partials, step};
-use super::{Refusal, WAVES, lit, one_node};
+use super::{Refusal, WAVES, lit, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
@@ -33,12 +33,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             n.name
         )));
     }
-    let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
-        return Err(Refusal::new(
-            "loss kernels take a block of 64 to 1024 threads and vector width 1",
-        ));
-    }
+    let block = one_per_thread(action, "loss")?;
     let ins = g.inputs(node);
     let x = g.tensor(ins[0]);
     if x.dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {

@@ -12,7 +12,7 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{AdaptivePool, Op, Pool};
 
-use super::{Refusal, WAVES, one_node};
+use super::{Refusal, WAVES, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
@@ -90,12 +90,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             "the window's rank does not match the input's spatial dims",
         ));
     }
-    let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
-        return Err(Refusal::new(
-            "pooling kernels take a block of 64 to 1024 threads and vector width 1",
-        ));
-    }
+    let block = one_per_thread(action, "pooling")?;
     let numel: u64 = out_shape.iter().product();
     let in_spatial: u64 = in_shape[2..].iter().product();
     let mut src = String::new();

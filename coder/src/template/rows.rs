@@ -15,7 +15,7 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{Norm, NormKind, Op, Reduce, ReduceOp};
 
-use super::{Refusal, WAVES, lit, one_node};
+use super::{Refusal, WAVES, lit, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
@@ -167,17 +167,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         }
     };
     let (outer, k, inner) = row_view(&shape, &dims)?;
-    let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) {
-        return Err(Refusal::new(format!(
-            "block {block} is not a power of two from 64 to 1024"
-        )));
-    }
-    if action.params.vector != 1 {
-        return Err(Refusal::new(
-            "the row kernels read one element per thread per trip",
-        ));
-    }
+    let block = one_per_thread(action, "row")?;
     let finish = |acc: &str| match kind {
         Kind::Mean => format!("{acc} / (float)K"),
         Kind::Norm2 => format!("sqrtf({acc})"),
@@ -256,14 +246,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("    }\n}\n");
         (outer.clamp(1, WAVES * 2), vec![outer as i64, k as i64])
     } else {
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long outer, long long K, long long inner) {{"
-        );
-        src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
-        src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
-        src.push_str("        long long o = idx / inner, i = idx % inner;\n");
-        src.push_str("        const long long base = o * K * inner + i;\n");
+        per_line(&mut src, name, "float");
         match kind.monoid() {
             Some((identity, map, op)) => {
                 let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
@@ -286,20 +269,16 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 match kind {
                     Kind::LogSumExp => src.push_str("        y[idx] = m + logf(s);\n"),
                     Kind::Softmax { log: false } => src.push_str(
-                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = expf(LOAD_X(base + k * inner) - m) / s;\n",
+                        "        for (long long k = 0; k < K; ++k) y[base + k * inner] = expf(LOAD_X(base + k * inner) - m) / s;\n",
                     ),
                     _ => src.push_str(
-                        "        for (long long k = 0; k < K; ++k) y[o * K * inner + k * inner + i] = LOAD_X(base + k * inner) - m - logf(s);\n",
+                        "        for (long long k = 0; k < K; ++k) y[base + k * inner] = LOAD_X(base + k * inner) - m - logf(s);\n",
                     ),
                 }
             }
         }
         src.push_str("    }\n}\n");
-        let items = outer * inner;
-        (
-            items.div_ceil(u64::from(block)).clamp(1, WAVES),
-            vec![outer as i64, k as i64, inner as i64],
-        )
+        per_line_launch(outer, k, inner, block)
     };
     let launch = Launch {
         grid: grid as u32,
@@ -327,12 +306,7 @@ fn arg_rows(
         return Err(Refusal::new("argmax and argmin run over one dim"));
     }
     let (outer, k, inner) = row_view(&shape, dims)?;
-    let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
-        return Err(Refusal::new(
-            "arg kernels take a block of 64 to 1024 threads and vector width 1",
-        ));
-    }
+    let block = one_per_thread(action, "arg")?;
     let better = if max { ">" } else { "<" };
     let start = if max {
         "__int_as_float(0xff800000)"
@@ -379,13 +353,7 @@ fn arg_rows(
         );
         (outer.clamp(1, WAVES * 2), vec![outer as i64, k as i64])
     } else {
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(const float* __restrict__ x, long long* __restrict__ y, long long outer, long long K, long long inner) {{"
-        );
-        src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
-        src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
-        src.push_str("        const long long base = (idx / inner) * K * inner + idx % inner;\n");
+        per_line(&mut src, name, "long long");
         let _ = writeln!(src, "        float best = {start}; long long at = K;");
         let _ = writeln!(
             src,
@@ -393,10 +361,7 @@ fn arg_rows(
             take("v", "k")
         );
         src.push_str("        y[idx] = at;\n    }\n}\n");
-        (
-            (outer * inner).div_ceil(u64::from(block)).clamp(1, WAVES),
-            vec![outer as i64, k as i64, inner as i64],
-        )
+        per_line_launch(outer, k, inner, block)
     };
     let launch = Launch {
         grid: grid as u32,
@@ -404,6 +369,29 @@ fn arg_rows(
         sizes,
     };
     Ok(one_node(name, action, src, vec![input], node, launch))
+}
+
+/// Opens a kernel with a thread per `(outer, inner)` line of `[outer, K,
+/// inner]`: the signature (`x`, `y` of `out_type`, the three sizes), a
+/// grid-stride loop over the lines with neighbouring threads on
+/// neighbouring addresses, and `base`, the line's first element. The
+/// caller writes the body and closes the loop and the kernel.
+pub(super) fn per_line(src: &mut String, name: &str, out_type: &str) {
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}(const float* __restrict__ x, {out_type}* __restrict__ y, long long outer, long long K, long long inner) {{"
+    );
+    src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
+    src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
+    src.push_str("        const long long base = (idx / inner) * K * inner + idx % inner;\n");
+}
+
+/// The grid and sizes of a [`per_line`] kernel.
+pub(super) fn per_line_launch(outer: u64, k: u64, inner: u64, block: u32) -> (u64, Vec<i64>) {
+    (
+        (outer * inner).div_ceil(u64::from(block)).clamp(1, WAVES),
+        vec![outer as i64, k as i64, inner as i64],
+    )
 }
 
 /// A reduction of few long rows in one launch: `splits` blocks per row
@@ -562,12 +550,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     }
     let (rows, k, channel) = channel_of(kind, &shape)?;
     let rms = matches!(kind, NormKind::Rms { .. });
-    let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
-        return Err(Refusal::new(
-            "norm kernels take a block of 64 to 1024 threads and vector width 1",
-        ));
-    }
+    let block = one_per_thread(action, "norm")?;
     let (mut params, inputs) = norm_operands(&ins, *affine, *bias);
     if let Some(splits) = norm_splits(rows, k, block) {
         let norm = SplitNorm {
@@ -848,12 +831,7 @@ fn batch_norm(
     }
     let (n, c) = (shape[0], shape[1]);
     let spatial: u64 = shape[2..].iter().product();
-    let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
-        return Err(Refusal::new(
-            "norm kernels take a block of 64 to 1024 threads and vector width 1",
-        ));
-    }
+    let block = one_per_thread(action, "norm")?;
     let (mut params, inputs) = norm_operands(&ins, affine, bias);
     let eps = lit(eps)?;
     if let Some(splits) = norm_splits(c, n * spatial, block).filter(|_| spatial > 1) {

@@ -14,7 +14,8 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{Op, Scan};
 
-use super::{Refusal, WAVES, one_node};
+use super::rows::{per_line, per_line_launch};
+use super::{Refusal, WAVES, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
@@ -44,12 +45,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let outer: u64 = shape[..dim].iter().product();
     let k = shape[dim];
     let inner: u64 = shape[dim + 1..].iter().product();
-    let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
-        return Err(Refusal::new(
-            "scan kernels take a block of 64 to 1024 threads and vector width 1",
-        ));
-    }
+    let block = one_per_thread(action, "scan")?;
     let (identity, op) = if prod { ("1.0f", "*") } else { ("0.0f", "+") };
     // Position `j` of the walk is element `at(j)` of the line.
     let at = |j: &str| {
@@ -110,13 +106,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("            __syncthreads();\n        }\n    }\n}\n");
         (outer.clamp(1, WAVES * 2), vec![outer as i64, k as i64])
     } else {
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long outer, long long K, long long inner) {{"
-        );
-        src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
-        src.push_str("    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < outer * inner; idx += stride) {\n");
-        src.push_str("        const long long base = (idx / inner) * K * inner + idx % inner;\n");
+        per_line(&mut src, name, "float");
         let _ = writeln!(src, "        float acc = {identity};");
         let _ = writeln!(
             src,
@@ -124,10 +114,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             at("j")
         );
         src.push_str("    }\n}\n");
-        (
-            (outer * inner).div_ceil(u64::from(block)).clamp(1, WAVES),
-            vec![outer as i64, k as i64, inner as i64],
-        )
+        per_line_launch(outer, k, inner, block)
     };
     let launch = Launch {
         grid: grid as u32,
