@@ -125,19 +125,8 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
         ),
     ];
     for (g, channel) in cases {
-        let node = g
-            .nodes()
-            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_)))
-            .unwrap()
-            .0;
-        let action = Action {
-            kind: ActionKind::CustomKernel,
-            region: vec![node.index() as u32],
-            params: Params::default(),
-        };
-        let f = TemplateCoder
-            .realize(&Program::default(), &g, &action)
-            .unwrap();
+        let f =
+            common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Norm(_))).unwrap();
         compiles(&f, "norm");
         assert!(
             f.source.contains(channel),
@@ -157,19 +146,8 @@ fn max_and_average_pooling_compile_with_torchs_divisor() {
         ("46_Average_Pooling_3D", "/ (float)"),
     ] {
         let g = traced(1, name);
-        let node = g
-            .nodes()
-            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Pool(_)))
-            .unwrap()
-            .0;
-        let action = Action {
-            kind: ActionKind::CustomKernel,
-            region: vec![node.index() as u32],
-            params: Params::default(),
-        };
-        let f = TemplateCoder
-            .realize(&Program::default(), &g, &action)
-            .unwrap();
+        let f =
+            common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Pool(_))).unwrap();
         assert!(f.name.ends_with("_pool"));
         compiles(&f, name);
         assert!(f.source.contains(divisor), "{name}:\n{}", f.source);
@@ -186,19 +164,8 @@ fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
         ("39_Gemm_Scale_BatchNorm", "LOAD_X(r * C + ch)"),
     ] {
         let g = traced(2, name);
-        let node = g
-            .nodes()
-            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_)))
-            .unwrap()
-            .0;
-        let action = Action {
-            kind: ActionKind::CustomKernel,
-            region: vec![node.index() as u32],
-            params: Params::default(),
-        };
-        let f = TemplateCoder
-            .realize(&Program::default(), &g, &action)
-            .unwrap();
+        let f =
+            common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Norm(_))).unwrap();
         compiles(&f, name);
         assert!(f.source.contains(layout), "{name}:\n{}", f.source);
         assert!(
@@ -301,19 +268,8 @@ fn losses_compile_elementwise_and_by_rows_with_one_combining_block() {
         ("99_TripletMarginLoss", "+ 1e-6f"),
     ] {
         let g = traced(1, name);
-        let node = g
-            .nodes()
-            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Loss(_)))
-            .unwrap()
-            .0;
-        let action = Action {
-            kind: ActionKind::CustomKernel,
-            region: vec![node.index() as u32],
-            params: Params::default(),
-        };
-        let f = TemplateCoder
-            .realize(&Program::default(), &g, &action)
-            .unwrap();
+        let f =
+            common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Loss(_))).unwrap();
         assert!(f.name.ends_with("_loss"));
         compiles(&f, name);
         assert!(f.source.contains(item), "{name}:\n{}", f.source);
@@ -327,19 +283,7 @@ fn losses_compile_elementwise_and_by_rows_with_one_combining_block() {
 fn norms_of_few_long_groups_take_a_statistics_pass_then_a_normalizing_pass() {
     // LayerNorm over [64, 256, 256] of 16 rows: 16 groups of 4 M.
     let g = traced(1, "40_LayerNorm");
-    let node = g
-        .nodes()
-        .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_)))
-        .unwrap()
-        .0;
-    let action = Action {
-        kind: ActionKind::CustomKernel,
-        region: vec![node.index() as u32],
-        params: Params::default(),
-    };
-    let f = TemplateCoder
-        .realize(&Program::default(), &g, &action)
-        .unwrap();
+    let f = common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Norm(_))).unwrap();
     compiles(&f, "split layer norm");
     let kernels: Vec<&str> = f.launches().map(|(k, _)| k).collect();
     assert_eq!(kernels, ["k0_rows_stats", "k0_rows"]);
@@ -360,18 +304,7 @@ fn norms_of_few_long_groups_take_a_statistics_pass_then_a_normalizing_pass() {
 #[test]
 fn global_pooling_is_a_row_reduction_read_by_whole_blocks() {
     let g = traced(2, "67_Conv2d_GELU_GlobalAvgPool");
-    let node = g
-        .nodes()
-        .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::AdaptivePool(_)))
-        .unwrap()
-        .0;
-    let action = Action {
-        kind: ActionKind::CustomKernel,
-        region: vec![node.index() as u32],
-        params: Params::default(),
-    };
-    let f = TemplateCoder
-        .realize(&Program::default(), &g, &action)
+    let f = common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::AdaptivePool(_)))
         .unwrap();
     assert!(f.name.ends_with("_rows"), "{}", f.name);
     compiles(&f, "global average pool");
