@@ -202,13 +202,12 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         "// {name}: {kind:?} over [{outer}, {k}, {inner}] (outer, reduced, inner)"
     );
     let (grid, sizes) = if inner == 1 {
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long rows, long long K) {{"
+        per_row(
+            &mut src,
+            name,
+            "float",
+            "    __shared__ float shared[32];\n",
         );
-        src.push_str("    __shared__ float shared[32];\n");
-        src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
-        src.push_str("        const long long xr = r * K;\n");
         match kind.monoid() {
             Some((identity, map, op)) => {
                 let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
@@ -323,13 +322,12 @@ fn arg_rows(
         "// {name}: {what} over [{outer}, {k}, {inner}] (outer, reduced, inner)"
     );
     let (grid, sizes) = if inner == 1 {
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(const float* __restrict__ x, long long* __restrict__ y, long long rows, long long K) {{"
+        per_row(
+            &mut src,
+            name,
+            "long long",
+            "    __shared__ float best_v[32];\n    __shared__ long long best_i[32];\n",
         );
-        src.push_str("    __shared__ float best_v[32];\n    __shared__ long long best_i[32];\n");
-        src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
-        src.push_str("        const long long xr = r * K;\n");
         let _ = writeln!(src, "        float best = {start}; long long at = K;");
         let _ = writeln!(
             src,
@@ -369,6 +367,20 @@ fn arg_rows(
         sizes,
     };
     Ok(one_node(name, action, src, vec![input], node, launch))
+}
+
+/// Opens a kernel with a block per row of `[rows, K]`: the signature (`x`,
+/// `y` of `out_type`, the two sizes), the `preamble` (shared memory and
+/// the like), a grid-stride loop over the rows, and `xr`, the row's first
+/// element. The caller writes the body and closes the loop and the kernel.
+pub(super) fn per_row(src: &mut String, name: &str, out_type: &str, preamble: &str) {
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}(const float* __restrict__ x, {out_type}* __restrict__ y, long long rows, long long K) {{"
+    );
+    src.push_str(preamble);
+    src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
+    src.push_str("        const long long xr = r * K;\n");
 }
 
 /// Opens a kernel with a thread per `(outer, inner)` line of `[outer, K,

@@ -14,7 +14,7 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{Op, Scan};
 
-use super::rows::{per_line, per_line_launch};
+use super::rows::{per_line, per_line_launch, per_row};
 use super::{Refusal, WAVES, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
@@ -63,14 +63,13 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         if reverse { " (reverse)" } else { "" }
     );
     let (grid, sizes) = if inner == 1 {
-        let _ = writeln!(
-            src,
-            "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long rows, long long K) {{"
+        per_row(
+            &mut src,
+            name,
+            "float",
+            "    __shared__ float warp_total[32];\n    __shared__ float carry_in;\n    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n",
         );
-        src.push_str("    __shared__ float warp_total[32];\n    __shared__ float carry_in;\n");
-        src.push_str("    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
-        src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
-        src.push_str("        const long long xr = r * K;\n        float* yr = y + r * K;\n");
+        src.push_str("        float* yr = y + r * K;\n");
         let _ = writeln!(
             src,
             "        if (threadIdx.x == 0) carry_in = {identity};\n        __syncthreads();"
