@@ -74,6 +74,24 @@ pub(super) fn step(map: &str, op: &str) -> String {
     }
 }
 
+/// A compensated (Kahan) sum into `var` of `term`, an expression of `v`,
+/// the input element at `index`, over the loop `header`; each line starts
+/// with `indent`.
+fn compensated_sum(
+    src: &mut String,
+    indent: &str,
+    var: &str,
+    header: &str,
+    index: &str,
+    term: &str,
+) {
+    let _ = writeln!(src, "{indent}float {var} = 0.0f, c_{var} = 0.0f;");
+    let _ = writeln!(
+        src,
+        "{indent}{header} {{ float v = LOAD_X({index}); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+    );
+}
+
 /// Block-wide combine of `acc` with `op` (a, b): warp shuffles, then one
 /// value per warp through shared memory, which every warp then reduces
 /// again, so that every thread (not only warp 0) holds the result.
@@ -598,10 +616,13 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     src.push_str("    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {\n");
     src.push_str("        const long long xr = r * K;\n");
     let sum = |src: &mut String, var: &str, term: &str| {
-        let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
-        let _ = writeln!(
+        compensated_sum(
             src,
-            "        for (long long k = threadIdx.x; k < K; k += blockDim.x) {{ float v = LOAD_X(xr + k); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+            "        ",
+            var,
+            "for (long long k = threadIdx.x; k < K; k += blockDim.x)",
+            "xr + k",
+            term,
         );
         block_reduce(src, var, "a + b", "0.0f");
     };
@@ -732,10 +753,13 @@ impl SplitNorm {
         );
         let chunk = "    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n    const long long chunk = (count + splits - 1) / splits;\n    const long long lo = min(count, part * chunk), hi = min(count, lo + chunk);\n";
         let sum = |src: &mut String, var: &str, term: &str| {
-            let _ = writeln!(src, "    float {var} = 0.0f, c_{var} = 0.0f;");
-            let _ = writeln!(
+            compensated_sum(
                 src,
-                "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ float v = LOAD_X({address}); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+                "    ",
+                var,
+                "for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x)",
+                address,
+                term,
             );
             block_reduce(src, var, "a + b", "0.0f");
         };
@@ -884,10 +908,13 @@ fn batch_norm(
         src.push_str("    const long long count = N * S;\n");
         src.push_str("    for (long long ch = blockIdx.x; ch < C; ch += gridDim.x) {\n");
         let sum = |src: &mut String, var: &str, term: &str| {
-            let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
-            let _ = writeln!(
+            compensated_sum(
                 src,
-                "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ float v = LOAD_X(((i / S) * C + ch) * S + i % S); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+                "        ",
+                var,
+                "for (long long i = threadIdx.x; i < count; i += blockDim.x)",
+                "((i / S) * C + ch) * S + i % S",
+                term,
             );
             block_reduce(src, var, "a + b", "0.0f");
         };
@@ -915,10 +942,13 @@ fn batch_norm(
         // Per thread a compensated partial over its rows, then the column
         // of partials summed by the first row of warps.
         let sum = |src: &mut String, var: &str, term: &str| {
-            let _ = writeln!(src, "        float {var} = 0.0f, c_{var} = 0.0f;");
-            let _ = writeln!(
+            compensated_sum(
                 src,
-                "        if (live) for (long long r = row; r < N; r += rows) {{ float v = LOAD_X(r * C + ch); float y_ = ({term}) - c_{var}; float t_ = {var} + y_; c_{var} = (t_ - {var}) - y_; {var} = t_; }}"
+                "        ",
+                var,
+                "if (live) for (long long r = row; r < N; r += rows)",
+                "r * C + ch",
+                term,
             );
             let _ = writeln!(src, "        part[row][lane] = {var};");
             src.push_str("        __syncthreads();\n");
