@@ -120,67 +120,36 @@ fn a_chain_with_broadcasting_is_one_kernel_reading_each_input_once() {
 
 #[test]
 fn float4_with_broadcast_inputs_read_per_lane_or_once() {
-    let g = graph("y = silu(a) * b", "a=4096,b=4096");
-    let f = TemplateCoder
-        .realize(
-            &Program::default(),
-            &g,
-            &fuse_all(
-                &g,
-                Params {
-                    block: 128,
-                    vector: 4,
-                },
-            ),
-        )
-        .unwrap();
+    // The fused region at block 128, vector width 4.
+    let float4 = |src: &str, shapes: &str| {
+        let g = graph(src, shapes);
+        let params = Params {
+            block: 128,
+            vector: 4,
+        };
+        TemplateCoder.realize(&Program::default(), &g, &fuse_all(&g, params))
+    };
+    let f = float4("y = silu(a) * b", "a=4096,b=4096").unwrap();
     compiles(&f);
     assert!(f.source.contains("reinterpret_cast<const float4*>(in0)[i]"));
     assert_eq!((f.launch.block, f.launch.grid), (128, 8));
-    let float4 = |src: &str, shapes: &str| {
-        let g = graph(src, shapes);
-        let f = TemplateCoder
-            .realize(
-                &Program::default(),
-                &g,
-                &fuse_all(
-                    &g,
-                    Params {
-                        block: 128,
-                        vector: 4,
-                    },
-                ),
-            )
-            .unwrap();
-        compiles(&f);
-        f.source
-    };
     // A per-channel bias over 8x8 planes: the same for four neighbours,
     // read once.
-    let s = float4("y = x + b", "x=2x3x8x8,b=3x1x1");
+    let f = float4("y = x + b", "x=2x3x8x8,b=3x1x1").unwrap();
+    compiles(&f);
+    let s = &f.source;
     assert!(s.contains("long long c1 = (i * 4 / 64LL) % 3LL;"), "{s}");
     assert!(s.contains("float v1 = in1[c1];"), "{s}");
     // A bias over the last dim: one load per lane.
-    let s = float4("y = x + b", "x=16x6,b=6");
+    let f = float4("y = x + b", "x=16x6,b=6").unwrap();
+    compiles(&f);
+    let s = &f.source;
     assert!(
         s.contains("long long c1_z = ((i * 4 + 2) / 1LL) % 6LL;"),
         "{s}"
     );
     assert!(s.contains("float v1_w = in1[c1_w];"), "{s}");
-    let g = graph("y = a * 2", "a=4098");
-    let e = TemplateCoder
-        .realize(
-            &Program::default(),
-            &g,
-            &fuse_all(
-                &g,
-                Params {
-                    block: 128,
-                    vector: 4,
-                },
-            ),
-        )
-        .unwrap_err();
+    let e = float4("y = a * 2", "a=4098").unwrap_err();
     assert!(e.0.contains("float4 needs a multiple of 4 elements"), "{e}");
 }
 
