@@ -13,7 +13,7 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{Loss, LossKind, Op, Reduction};
 
-use super::rows::{block_reduce, combine_partials, step};
+use super::rows::{block_reduce, combine_partials, declare_partials, step};
 use super::{Refusal, WAVES, lit, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
@@ -151,8 +151,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         "// {name}: {kind:?} loss ({reduction:?}) over {items} {}, {splits} blocks",
         if rows { "rows" } else { "elements" }
     );
-    let _ = writeln!(src, "__device__ float {name}_part[{splits}];");
-    let _ = writeln!(src, "__device__ unsigned int {name}_done[1];");
+    declare_partials(&mut src, name, 1, splits);
     let _ = writeln!(
         src,
         "extern \"C\" __global__ void {name}({params}, float* __restrict__ y, long long items, long long D, long long splits) {{"

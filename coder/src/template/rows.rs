@@ -443,8 +443,7 @@ fn split_rows(
         src,
         "// {name}: {kind:?} over {outer} row(s) of {k}, each split across {splits} blocks"
     );
-    let _ = writeln!(src, "__device__ float {name}_part[{}];", outer * splits);
-    let _ = writeln!(src, "__device__ unsigned int {name}_done[{outer}];");
+    declare_partials(&mut src, name, outer, splits);
     let _ = writeln!(
         src,
         "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long rows, long long K, long long splits) {{"
@@ -466,14 +465,22 @@ fn split_rows(
     src
 }
 
+/// The module-scope state of [`combine_partials`]: a partial per block of
+/// `groups` groups of `splits` blocks, and a count of finished blocks per
+/// group (zero when the module loads, and again after every launch).
+pub(super) fn declare_partials(src: &mut String, name: &str, groups: u64, splits: u64) {
+    let _ = writeln!(src, "__device__ float {name}_part[{}];", groups * splits);
+    let _ = writeln!(src, "__device__ unsigned int {name}_done[{groups}];");
+}
+
 /// The tail of a kernel whose blocks each hold a partial `acc` (every
 /// thread the same value) in a scope the caller opened, which this
 /// closes: each block stores its partial in `{name}_part`, and the last
 /// block of its group to arrive (an atomic count after a fence) combines
 /// the group's `splits` partials, writes `y[group] = finish` (an
 /// expression of `acc`) and resets the count for the next launch. The
-/// caller declares `__shared__ bool last`, `shared[32]`, `splits` and the
-/// `{name}_part` and `{name}_done` module arrays.
+/// caller declares `__shared__ bool last`, `shared[32]` and `splits`, and
+/// the module arrays with [`declare_partials`].
 pub(super) fn combine_partials(
     src: &mut String,
     name: &str,
