@@ -316,24 +316,7 @@ pub fn optimize_problem(
             },
         )?;
         let found = search(out, graph, &regions, variants, |program, label| {
-            let code = mtmc_coder::export::to_model_new(graph, program, &p.code)
-                .map_err(anyhow::Error::msg)?;
-            if !judge.gpu {
-                // Every fragment compiled when it was proposed.
-                return Ok(Outcome::new(
-                    EvaluatorKind::CompileOnly,
-                    Status::CompiledOnly,
-                ));
-            }
-            let candidate = Candidate::Python {
-                name: format!("model_new {label}"),
-                code,
-            };
-            let mut o = judge
-                .runtime
-                .block_on(judge.worker.evaluate(&problem, &candidate))?;
-            add_roofline(&mut o, graph, &specs);
-            Ok(o)
+            judge_program(judge, &problem, graph, &p.code, program, label, &specs)
         })?;
         summary.judged += found.judged;
         summary.correct += found.correct;
@@ -355,48 +338,25 @@ pub fn optimize_problem(
     // reported as a program with no kernel.
     if best.is_none() {
         match mtmc_coder::export::to_model_new(g, &Program::default(), &p.code) {
-            Ok(code) => {
-                let label = "call-library (every op a torch call)";
-                let o = if judge.gpu {
-                    let candidate = Candidate::Python {
-                        name: format!("model_new {label}"),
-                        code,
-                    };
-                    let mut o = judge
-                        .runtime
-                        .block_on(judge.worker.evaluate(&problem, &candidate))?;
-                    add_roofline(&mut o, g, &specs);
-                    o
-                } else {
-                    Outcome::new(EvaluatorKind::CompileOnly, Status::CompiledOnly)
-                };
+            Ok(_) => {
+                // No regions: the one program is the graph as torch calls.
+                let found = search(out, g, &[], &VARIANTS[..1], |program, label| {
+                    judge_program(judge, &problem, g, &p.code, program, label, &specs)
+                })?;
                 summary.variants += 1;
-                summary.judged += 1;
-                summary.correct += usize::from(o.status == Status::Correct);
-                let ms = match (o.status, &o.runtime) {
-                    (Status::Correct, Some(rt)) => {
-                        writeln!(out, "  {label}: correct, {:.4} ms", rt.mean_ms)?;
-                        Some(rt.mean_ms)
-                    }
-                    (Status::CompiledOnly, _) => {
-                        writeln!(out, "  {label}: nothing to compile, not run")?;
-                        Some(f64::INFINITY)
-                    }
-                    (status, _) => {
-                        let why = o.why.clone().or(o.error.clone()).unwrap_or_default();
-                        let first = why.lines().next().unwrap_or("");
-                        writeln!(out, "  {label}: {}: {first}", status.name())?;
-                        None
-                    }
-                };
-                attempts.push(serde_json::json!({"call_library": true, "outcome": o}));
-                if let Some(ms) = ms {
+                summary.judged += found.judged;
+                summary.correct += found.correct;
+                for mut a in found.attempts {
+                    a["call_library"] = serde_json::json!(true);
+                    attempts.push(a);
+                }
+                if let Some((ms, program, params, o)) = found.best {
                     summary.kernels = 0;
                     summary.library_calls = g
                         .nodes()
                         .filter(|(_, n)| !n.op.is_source() && !n.op.is_view())
                         .count();
-                    best = Some((ms, Program::default(), VARIANTS[0].0, o, 0));
+                    best = Some((ms, program, params, o, 0));
                 }
             }
             Err(e) => writeln!(
@@ -431,6 +391,36 @@ pub fn optimize_problem(
         })
     })?;
     Ok(summary)
+}
+
+/// Judges one program of problem `code`'s graph `g`: as an exported
+/// `ModelNew` by the worker, or (no GPU) as compiled, since every fragment
+/// compiled when it was proposed.
+fn judge_program(
+    judge: &mut ProblemJudge,
+    problem: &ProblemSource,
+    g: &OpGraph,
+    code: &str,
+    program: &Program,
+    label: &str,
+    specs: &[mtmc_actions::device::DeviceSpec],
+) -> Result<Outcome> {
+    let code = mtmc_coder::export::to_model_new(g, program, code).map_err(anyhow::Error::msg)?;
+    if !judge.gpu {
+        return Ok(Outcome::new(
+            EvaluatorKind::CompileOnly,
+            Status::CompiledOnly,
+        ));
+    }
+    let candidate = Candidate::Python {
+        name: format!("model_new {label}"),
+        code,
+    };
+    let mut o = judge
+        .runtime
+        .block_on(judge.worker.evaluate(problem, &candidate))?;
+    add_roofline(&mut o, g, specs);
+    Ok(o)
 }
 
 /// The roofline of the graph on the outcome's GPU, convolutions at the
@@ -473,12 +463,16 @@ fn search(
         if wrong_fused && fuse {
             continue;
         }
-        let label = format!(
-            "block={} vector={}{}",
-            params.block,
-            params.vector,
-            if fuse { "" } else { " unfused" }
-        );
+        let label = if regions.is_empty() {
+            "call-library (every op a torch call)".to_string()
+        } else {
+            format!(
+                "block={} vector={}{}",
+                params.block,
+                params.vector,
+                if fuse { "" } else { " unfused" }
+            )
+        };
         let program = match build(g, regions, params, fuse) {
             Ok(p) => p,
             Err(f) => {
