@@ -9,19 +9,31 @@
 //!   computed from the parameter in every forward, never assumed frozen.
 //! - [`drop_size_one_reductions`]: a reduction over dims that all have
 //!   extent 1 leaves its input unchanged; it becomes a view.
+//! - [`conv_bias_in_epilogue`]: a convolution's bias becomes an add after
+//!   it, where the kernel that reads the convolution adds it for free
+//!   (torch adds it in a pass of its own over the whole result).
+//! - [`channels_last`]: a 2-d or 3-d convolution's result is read
+//!   channels-last (`N, spatial…, C`), which cuDNN computes faster from
+//!   channels-last operands, and the ops after it work in that layout
+//!   (see [`sink_layout`]) until one cannot; the NCHW result is a
+//!   permuted view again where it is needed.
+
+use std::collections::HashMap;
 
 use crate::dtype::TensorType;
 use crate::graph::{NodeId, OpGraph, TensorRef};
-use crate::op::{BinaryOp, Layout, MatMul, Op, Reduce, ReduceOp};
+use crate::op::{BinaryOp, Conv, Layout, MatMul, Op, OpClass, Reduce, ReduceOp};
 
 /// A rewrite: its name, and the graph it makes (`None` where it finds
 /// nothing to rewrite).
 pub type Rewrite = (&'static str, fn(&OpGraph) -> Option<OpGraph>);
 
 /// Every rewrite, in the order they are tried.
-pub const REWRITES: [Rewrite; 2] = [
+pub const REWRITES: [Rewrite; 4] = [
     ("reduce_before_gemm", reduce_before_gemm),
     ("drop_size_one_reductions", drop_size_one_reductions),
+    ("conv_bias_in_epilogue", conv_bias_in_epilogue),
+    ("channels_last", channels_last),
 ];
 
 /// The graph with every rewrite that applies, and their names.
@@ -327,6 +339,371 @@ pub fn drop_size_one_reductions(g: &OpGraph) -> Option<OpGraph> {
     Some(g)
 }
 
+/// See the module's documentation. It applies to a convolution with a
+/// bias whose one reader is computed by a kernel (an elementwise op, a
+/// reduction, softmax, a norm or pooling).
+pub fn conv_bias_in_epilogue(g: &OpGraph) -> Option<OpGraph> {
+    let split: Vec<NodeId> = g
+        .nodes()
+        .filter(|(id, n)| {
+            let Op::Conv(c) = &n.op else { return false };
+            let readers = g.consumers(*id);
+            c.bias
+                && n.outputs.len() == 1
+                && !g.outputs().iter().any(|t| t.node == *id)
+                && readers.len() == 1
+                && matches!(
+                    g.node(readers[0]).op.class(),
+                    OpClass::Pointwise
+                        | OpClass::Reduction
+                        | OpClass::Softmax
+                        | OpClass::Norm
+                        | OpClass::Pool
+                )
+        })
+        .map(|(id, _)| id)
+        .collect();
+    if split.is_empty() {
+        return None;
+    }
+    let mut out = OpGraph::new();
+    let mut map: HashMap<TensorRef, TensorRef> = HashMap::new();
+    for &id in g.order() {
+        let node = g.node(id);
+        let ins: Vec<TensorRef> = g.inputs(id).iter().map(|t| map[t]).collect();
+        let result = if split.contains(&id) {
+            let Op::Conv(c) = &node.op else {
+                unreachable!("a convolution")
+            };
+            let conv = out
+                .add(
+                    node.name.clone(),
+                    Op::Conv(Conv {
+                        bias: false,
+                        ..c.clone()
+                    }),
+                    &ins[..2],
+                    node.outputs.clone(),
+                )
+                .expect("inputs exist");
+            let ty = &node.outputs[0];
+            let mut shape = vec![1; ty.shape.len() - 1];
+            shape[0] = ty.shape[1];
+            let bias = out
+                .add(
+                    format!("{}_bias_view", node.name),
+                    Op::Layout(Layout::Reshape),
+                    &ins[2..3],
+                    vec![TensorType::new(shape, ty.dtype)],
+                )
+                .expect("inputs exist");
+            out.add(
+                format!("{}_bias", node.name),
+                Op::Binary(BinaryOp::Add),
+                &[TensorRef::first(conv), TensorRef::first(bias)],
+                node.outputs.clone(),
+            )
+            .expect("inputs exist")
+        } else {
+            out.add(
+                node.name.clone(),
+                node.op.clone(),
+                &ins,
+                node.outputs.clone(),
+            )
+            .expect("inputs exist")
+        };
+        map.extend(output_pairs(id, result, node.outputs.len()));
+    }
+    out.set_outputs(g.outputs().iter().map(|t| map[t]).collect());
+    Some(out)
+}
+
+/// Each of the `n` outputs of `old` paired with the same output of `new`.
+fn output_pairs(
+    old: NodeId,
+    new: NodeId,
+    n: usize,
+) -> impl Iterator<Item = (TensorRef, TensorRef)> {
+    (0..n).map(move |output| {
+        (
+            TensorRef { node: old, output },
+            TensorRef { node: new, output },
+        )
+    })
+}
+
+/// The permutation that reads a rank-`rank` NC… tensor channels-last
+/// (`[0, 2, …, rank-1, 1]`).
+pub fn channels_last_perm(rank: usize) -> Vec<usize> {
+    let mut p = vec![0];
+    p.extend(2..rank);
+    p.push(1);
+    p
+}
+
+/// The permutation that undoes `perm`.
+fn inverse(perm: &[usize]) -> Vec<usize> {
+    let mut inv = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p] = i;
+    }
+    inv
+}
+
+fn permuted(shape: &[u64], perm: &[usize]) -> Vec<u64> {
+    perm.iter().map(|&p| shape[p]).collect()
+}
+
+/// See the module's documentation. It applies when every full-size
+/// tensor in the new layout either reaches a graph output (a free view
+/// there) or feeds ops that work in it: no full-size copy back to NCHW
+/// is read by another op.
+pub fn channels_last(g: &OpGraph) -> Option<OpGraph> {
+    let convs: Vec<NodeId> = g
+        .nodes()
+        .filter(|(_, n)| {
+            matches!(&n.op, Op::Conv(c) if c.spatial >= 2)
+                && n.outputs.len() == 1
+                && n.outputs[0].shape.len() >= 4
+        })
+        .map(|(id, _)| id)
+        .collect();
+    if convs.is_empty() {
+        return None;
+    }
+    let r = sink_layout(g, &convs);
+    let smallest = convs
+        .iter()
+        .map(|&c| g.node(c).outputs[0].numel())
+        .min()
+        .unwrap_or(0);
+    let costly_copy = r.nodes().any(|(id, n)| {
+        n.name.ends_with(BACK) && n.outputs[0].numel() * 4 >= smallest && !reads_as_view(&r, id)
+    });
+    (!costly_copy).then_some(r)
+}
+
+/// Whether permute `id` stays a strided view: only graph outputs and
+/// convolutions (which take channels-last operands as they are) read it.
+pub fn reads_as_view(g: &OpGraph, id: NodeId) -> bool {
+    g.consumers(id).iter().all(|&c| {
+        matches!(g.node(c).op, Op::Conv(_))
+            && g.inputs(c)
+                .iter()
+                .enumerate()
+                .all(|(slot, t)| t.node != id || slot == 0)
+    })
+}
+
+/// Name suffix of the permutes [`sink_layout`] adds back to NC… order.
+const BACK: &str = "_nc_order";
+
+/// The graph where each of `starts` (single-output nodes of rank ≥ 3) is
+/// followed by a permute to channels-last, and the ops after it are
+/// computed in that layout while they can be: elementwise ops (operands
+/// of other layouts must be broadcasts that a reshape reorders),
+/// reductions and softmax (their dims renumbered). A reader that cannot
+/// work in the new layout, and each graph output, reads a permute back.
+pub fn sink_layout(g: &OpGraph, starts: &[NodeId]) -> OpGraph {
+    let mut out = OpGraph::new();
+    // Each tensor of `g` as computed in `out`: in its own layout, and
+    // (where it moved) permuted, with `new = old.permute(perm)`.
+    let mut plain: HashMap<TensorRef, TensorRef> = HashMap::new();
+    let mut moved: HashMap<TensorRef, (TensorRef, Vec<usize>)> = HashMap::new();
+    let add =
+        |out: &mut OpGraph, name: String, op: Op, ins: &[TensorRef], outputs: Vec<TensorType>| {
+            out.add(name, op, ins, outputs).expect("inputs exist")
+        };
+    // The tensor of `g` in its own layout, permuted back when it moved.
+    let plain_of = |out: &mut OpGraph,
+                    plain: &mut HashMap<TensorRef, TensorRef>,
+                    moved: &HashMap<TensorRef, (TensorRef, Vec<usize>)>,
+                    t: TensorRef| {
+        if let Some(&p) = plain.get(&t) {
+            return p;
+        }
+        let (m, perm) = moved[&t].clone();
+        let ty = g.tensor(t).clone();
+        let name = match t.output {
+            0 => format!("{}{BACK}", g.node(t.node).name),
+            k => format!("{}_{k}{BACK}", g.node(t.node).name),
+        };
+        let back = TensorRef::first(add(
+            out,
+            name,
+            Op::Layout(Layout::Permute {
+                perm: inverse(&perm),
+            }),
+            &[m],
+            vec![ty],
+        ));
+        plain.insert(t, back);
+        back
+    };
+    for &id in g.order() {
+        let node = g.node(id);
+        let ins = g.inputs(id);
+        let one =
+            |t: &TensorType, perm: &[usize]| TensorType::new(permuted(&t.shape, perm), t.dtype);
+        if let Some((op, new_ins, perm)) = in_new_layout(g, id, &ins, &moved) {
+            // Operands: moved tensors as they are, broadcasts reshaped.
+            let mut mapped = Vec::new();
+            for (slot, t) in ins.iter().enumerate() {
+                match new_ins[slot] {
+                    Operand::Moved => mapped.push(moved[t].0),
+                    Operand::Reshaped(ref shape) => {
+                        let p = plain_of(&mut out, &mut plain, &moved, *t);
+                        let r = add(
+                            &mut out,
+                            format!("{}_{}_operand{slot}", g.node(t.node).name, node.name),
+                            Op::Layout(Layout::Reshape),
+                            &[p],
+                            vec![TensorType::new(shape.clone(), g.tensor(*t).dtype)],
+                        );
+                        mapped.push(TensorRef::first(r));
+                    }
+                }
+            }
+            // Every output (values and indices) is permuted alike.
+            let types = node.outputs.iter().map(|t| one(t, &perm)).collect();
+            let new = add(&mut out, node.name.clone(), op, &mapped, types);
+            for (old, new) in output_pairs(id, new, node.outputs.len()) {
+                if perm.iter().enumerate().all(|(i, &p)| i == p) {
+                    plain.insert(old, new);
+                } else {
+                    moved.insert(old, (new, perm.clone()));
+                }
+            }
+            continue;
+        }
+        let mapped: Vec<TensorRef> = ins
+            .iter()
+            .map(|&t| plain_of(&mut out, &mut plain, &moved, t))
+            .collect();
+        let new = add(
+            &mut out,
+            node.name.clone(),
+            node.op.clone(),
+            &mapped,
+            node.outputs.clone(),
+        );
+        plain.extend(output_pairs(id, new, node.outputs.len()));
+        if starts.contains(&id) && node.outputs.len() == 1 {
+            let rank = node.outputs[0].shape.len();
+            let perm = channels_last_perm(rank);
+            let cl = add(
+                &mut out,
+                format!("{}_channels_last", node.name),
+                Op::Layout(Layout::Permute { perm: perm.clone() }),
+                &[TensorRef::first(new)],
+                vec![one(&node.outputs[0], &perm)],
+            );
+            // Every reader goes through the channels-last view.
+            plain.remove(&TensorRef::first(id));
+            moved.insert(TensorRef::first(id), (TensorRef::first(cl), perm));
+        }
+    }
+    let outputs = g
+        .outputs()
+        .iter()
+        .map(|&t| plain_of(&mut out, &mut plain, &moved, t))
+        .collect();
+    out.set_outputs(outputs);
+    out
+}
+
+/// How an operand reaches an op computed in the new layout.
+enum Operand {
+    /// It is in the new layout already.
+    Moved,
+    /// A broadcast operand in NC… order, reshaped (a view) to this shape.
+    Reshaped(Vec<u64>),
+}
+
+/// Node `id` of `g` computed in the layout of its moved inputs: the op,
+/// how each operand gets there, and the permutation of its result.
+fn in_new_layout(
+    g: &OpGraph,
+    id: NodeId,
+    ins: &[TensorRef],
+    moved: &HashMap<TensorRef, (TensorRef, Vec<usize>)>,
+) -> Option<(Op, Vec<Operand>, Vec<usize>)> {
+    let node = g.node(id);
+    // Only a max or min with indices has two outputs.
+    if node.outputs.len() != 1 && !matches!(node.op, Op::Reduce(_)) {
+        return None;
+    }
+    let perm = ins.iter().find_map(|t| moved.get(t).map(|m| m.1.clone()))?;
+    let rank = perm.len();
+    let one_moved = |ops: Op| -> Option<(Op, Vec<Operand>, Vec<usize>)> {
+        let [t] = ins else { return None };
+        (moved.get(t)?.1 == perm).then(|| (ops, vec![Operand::Moved], perm.clone()))
+    };
+    match &node.op {
+        Op::Unary(_)
+        | Op::Scalar { .. }
+        | Op::Layout(Layout::Copy)
+        | Op::Dropout { active: false, .. } => one_moved(node.op.clone()),
+        Op::Binary(_) | Op::Where { .. } => {
+            if node.outputs[0].shape.len() != rank {
+                return None;
+            }
+            let mut operands = Vec::new();
+            for t in ins {
+                if let Some((_, p)) = moved.get(t) {
+                    if *p != perm || g.tensor(*t).shape.len() != rank {
+                        return None;
+                    }
+                    operands.push(Operand::Moved);
+                    continue;
+                }
+                // A broadcast operand: aligned to the right, its dims of
+                // extent > 1 must keep their order under the permutation.
+                let shape = &g.tensor(*t).shape;
+                if shape.len() > rank {
+                    return None;
+                }
+                let mut full = vec![1; rank - shape.len()];
+                full.extend(shape);
+                let order: Vec<usize> = perm.iter().copied().filter(|&p| full[p] != 1).collect();
+                if order.windows(2).any(|w| w[0] > w[1]) {
+                    return None;
+                }
+                operands.push(Operand::Reshaped(permuted(&full, &perm)));
+            }
+            Some((node.op.clone(), operands, perm))
+        }
+        Op::Reduce(Reduce { op, dims, keepdim }) => {
+            let mut new_dims: Vec<usize> = (0..rank).filter(|&i| dims.contains(&perm[i])).collect();
+            new_dims.sort_unstable();
+            let out_perm = if *keepdim {
+                perm.clone()
+            } else {
+                let kept: Vec<usize> = (0..rank)
+                    .filter(|i| !new_dims.contains(i))
+                    .map(|i| perm[i] - dims.iter().filter(|&&d| d < perm[i]).count())
+                    .collect();
+                kept
+            };
+            let op = Op::Reduce(Reduce {
+                op: op.clone(),
+                dims: new_dims,
+                keepdim: *keepdim,
+            });
+            one_moved(op).map(|(op, o, _)| (op, o, out_perm))
+        }
+        Op::Softmax { dim, log } => {
+            let new = perm.iter().position(|p| p == dim)?;
+            one_moved(Op::Softmax {
+                dim: new,
+                log: *log,
+            })
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,6 +748,68 @@ mod tests {
             let g = graph(src, "x=64x128,w=128x256");
             assert!(reduce_before_gemm(&g).is_none(), "{src}");
         }
+    }
+
+    /// The ops of `g` in order, as displayed.
+    fn ops(g: &OpGraph) -> Vec<String> {
+        g.order()
+            .iter()
+            .map(|&n| g.node(n).op.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn ops_after_a_channels_last_tensor_work_in_its_layout() {
+        let g = graph(
+            "y = softmax(sum(x * 2, dim=2, keepdim=true) + b, dim=1)",
+            "x=2x3x4x5,b=3x1x1",
+        );
+        let x = g.nodes().find(|(_, n)| n.name == "x").unwrap().0;
+        let r = sink_layout(&g, &[x]);
+        let ops = ops(&r);
+        let shapes: Vec<Vec<u64>> = r
+            .order()
+            .iter()
+            .map(|&n| r.node(n).outputs[0].shape.clone())
+            .collect();
+        // x is read as [2, 4, 5, 3]; the sum over dim 2 (H) is over dim 1
+        // there; the bias is reshaped to [1, 1, 1, 3]; the softmax over the
+        // channels is over the last dim; one permute back at the output.
+        assert!(ops.contains(&"permute [0, 2, 3, 1]".to_string()), "{ops:?}");
+        assert!(shapes.contains(&vec![2, 4, 5, 3]), "{shapes:?}");
+        assert!(
+            ops.iter().any(|o| o.contains("sum") && o.contains("[1]")),
+            "{ops:?}"
+        );
+        assert!(shapes.contains(&vec![1, 1, 1, 3]), "{shapes:?}");
+        assert!(
+            ops.iter().any(|o| o.contains("softmax") && o.contains('3')),
+            "{ops:?}"
+        );
+        assert_eq!(ops.last().unwrap(), "permute [0, 3, 1, 2]", "{ops:?}");
+        assert_eq!(r.tensor(r.outputs()[0]).shape, [2, 3, 1, 5]);
+        assert_eq!(
+            ops.iter().filter(|o| o.starts_with("permute")).count(),
+            2,
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn a_full_size_operand_in_the_old_layout_stops_the_new_one() {
+        // `x + z` would need z transposed: it reads x permuted back.
+        let g = graph("y = relu(x) + z", "x=2x3x4x5,z=2x3x4x5");
+        let x = g.nodes().find(|(_, n)| n.name == "x").unwrap().0;
+        let r = sink_layout(&g, &[x]);
+        let ops = ops(&r);
+        let back = r
+            .order()
+            .iter()
+            .position(|&n| r.node(n).name.ends_with(BACK))
+            .unwrap();
+        let add = ops.iter().position(|o| o == "+").unwrap();
+        assert!(back < add, "{ops:?}");
+        assert_eq!(r.tensor(r.outputs()[0]).shape, [2, 3, 4, 5]);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
-use mtmc_actions::op::{Conv, MatMul, Op};
+use mtmc_actions::op::{Conv, Layout, MatMul, Op};
 
 use crate::program::Program;
 
@@ -556,6 +556,31 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                 })
             })
             .collect::<Result<_, _>>()?;
+        // A convolution read only through its channels-last view runs on
+        // channels-last operands and keeps torch's channels-last result,
+        // which that view reads densely; a permute that only graph outputs
+        // and convolutions read stays a view.
+        let rank = node.outputs[0].shape.len();
+        let read_channels_last = matches!(node.op, Op::Conv(_))
+            && (rank == 4 || rank == 5)
+            && !g.outputs().iter().any(|t| t.node == id)
+            && g.consumers(id).iter().all(|&c| {
+                matches!(&g.node(c).op, Op::Layout(Layout::Permute { perm })
+                    if *perm == mtmc_actions::rewrite::channels_last_perm(rank))
+            });
+        let output_view = matches!(node.op, Op::Layout(Layout::Permute { .. }))
+            && mtmc_actions::rewrite::reads_as_view(g, id);
+        let mut ins = ins;
+        if read_channels_last {
+            let format = if rank == 4 {
+                "channels_last"
+            } else {
+                "channels_last_3d"
+            };
+            for x in &mut ins[..2] {
+                *x = format!("{x}.contiguous(memory_format=torch.{format})");
+            }
+        }
         let call = torch_call(&node.op, &ins, &node.outputs[0]).ok_or_else(|| {
             format!(
                 "no fragment computes `{}` ({}) and it has no torch rendering yet",
@@ -563,7 +588,11 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             )
         })?;
         let v = format!("t{}", id.index());
-        let _ = writeln!(body, "        {v} = {call}.contiguous()");
+        if read_channels_last || output_view {
+            let _ = writeln!(body, "        {v} = {call}");
+        } else {
+            let _ = writeln!(body, "        {v} = {call}.contiguous()");
+        }
         var.insert(t, v);
     }
     let outs: Vec<String> = g

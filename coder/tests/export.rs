@@ -68,6 +68,28 @@ fn problem_code(level: u64, name: &str) -> String {
         .unwrap_or_else(|| panic!("no shared problem L{level}/{name}"))
 }
 
+/// Runs `exported` with torch on the CPU and asserts that it computes
+/// what the problem's Model computes on `inputs` (a Python list).
+#[track_caller]
+fn runs_like_the_model(python: &str, exported: &str, inputs: &str, what: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model_new.py");
+    std::fs::write(&file, exported).unwrap();
+    let script = format!(
+        "import runpy, torch\nns = runpy.run_path({:?})\nexec(ns['_PROBLEM'], p := {{}})\ntorch.manual_seed(0)\nnew = ns['ModelNew'](*p['get_init_inputs']())\nargs = {inputs}\nwant = new.reference_parameters(*args)\ngot = new(*args)\nassert got.shape == want.shape, (got.shape, want.shape)\nassert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()\nprint('same')",
+        file.display()
+    );
+    let out = std::process::Command::new(python)
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("same"),
+        "{what}: {}\n{exported}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// With torch on the CPU (`$MTMC_TEST_PYTHON`): a call-library export
 /// takes the Model's arguments as the Model does (a Python scalar
 /// included), reads constants torch.fx lifted out of the forward, and
@@ -92,21 +114,59 @@ fn call_library_exports_run_like_the_model_on_the_cpu() {
         let code = problem_code(level, name);
         let g = common::traced(level, name);
         let exported = to_model_new(&g, &Program::default(), &code).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("model_new.py");
-        std::fs::write(&file, &exported).unwrap();
-        let script = format!(
-            "import runpy, torch\nns = runpy.run_path({:?})\nexec(ns['_PROBLEM'], p := {{}})\ntorch.manual_seed(0)\nnew = ns['ModelNew'](*p['get_init_inputs']())\nargs = {inputs}\nwant = new.reference_parameters(*args)\ngot = new(*args)\nassert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()\nprint('same')",
-            file.display()
-        );
-        let out = std::process::Command::new(&python)
-            .args(["-c", &script])
-            .output()
-            .unwrap();
+        runs_like_the_model(&python, &exported, inputs, &format!("L{level}/{name}"));
+    }
+}
+
+/// With torch on the CPU: the channels-last rewrite of convolution
+/// problems exports with the convolution on channels-last operands, the
+/// ops after it in that layout (its bias added by the first of them;
+/// softmax over the channels as the last dim; a second convolution reading the first's channels-last result
+/// as it is), and the result a permuted view; it computes what the Model
+/// computes on small inputs.
+#[test]
+fn channels_last_exports_run_like_the_model_on_the_cpu() {
+    let python = std::env::var("MTMC_TEST_PYTHON").ok();
+    for (level, name, inputs) in [
+        (
+            1,
+            "86_conv_depthwise_separable_2D",
+            "[torch.rand(2, 64, 9, 7)]",
+        ),
+        (
+            2,
+            "91_ConvTranspose2d_Softmax_BiasAdd_Scaling_Sigmoid",
+            "[torch.rand(2, 64, 5, 6)]",
+        ),
+        (2, "24_Conv3d_Min_Softmax", "[torch.rand(2, 3, 6, 7, 5)]"),
+        (2, "32_Conv2d_Scaling_Min", "[torch.rand(2, 64, 7, 6)]"),
+        (2, "57_Conv2d_ReLU_HardSwish", "[torch.rand(2, 8, 7, 6)]"),
+    ] {
+        let g = common::traced(level, name);
+        let (r, applied) = mtmc_actions::rewrite::rewrite_all(&g)
+            .unwrap_or_else(|| panic!("L{level}/{name}: no rewrite"));
         assert!(
-            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("same"),
-            "L{level}/{name}: {}\n{exported}",
-            String::from_utf8_lossy(&out.stderr)
+            applied.contains(&"channels_last"),
+            "L{level}/{name}: {applied:?}"
         );
+        if level == 2 {
+            // The convolution's bias is added by the op after it.
+            assert!(
+                applied.contains(&"conv_bias_in_epilogue"),
+                "L{level}/{name}: {applied:?}"
+            );
+        }
+        let exported = to_model_new(&r, &Program::default(), &problem_code(level, name)).unwrap();
+        assert!(
+            exported.contains("memory_format=torch.channels_last"),
+            "L{level}/{name}:\n{exported}"
+        );
+        let last = exported
+            .lines()
+            .rfind(|l| l.contains(".permute("))
+            .unwrap_or_else(|| panic!("L{level}/{name}: no permute back\n{exported}"));
+        assert!(!last.contains("contiguous"), "L{level}/{name}: {last}");
+        let Some(python) = &python else { continue };
+        runs_like_the_model(python, &exported, inputs, &format!("L{level}/{name}"));
     }
 }

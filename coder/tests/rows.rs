@@ -1,6 +1,7 @@
 //! The row family and pooling, compiled with real NVRTC: reductions and
-//! softmax in both layouts (reduced dims trailing: a block per row; else a
-//! thread per output), layer/group/instance/RMS norm, max and average
+//! softmax in both layouts (reduced dims trailing: a block per row, a warp
+//! per short row; else a thread per output, or blocks of warps over few
+//! outputs), layer/group/instance/RMS norm, max and average
 //! pooling.
 
 use mtmc_actions::DType;
@@ -66,7 +67,12 @@ fn every_reduction_and_softmax_compiles_in_both_layouts() {
                 .realize(&Program::default(), &g, &last_node(&g))
                 .unwrap();
             compiles(&f, &format!("{op} over {layout}"));
-            assert_eq!(f.launch.sizes, sizes, "{op} over {layout}");
+            // (a chunk count follows where blocks share the lines' steps)
+            assert_eq!(
+                f.launch.sizes[..sizes.len()],
+                sizes[..],
+                "{op} over {layout}"
+            );
             assert!(f.name.ends_with("_rows"));
         }
     }
@@ -96,7 +102,7 @@ fn reductions_it_cannot_write_are_refused() {
 fn every_warp_gets_the_block_result_that_softmax_uses() {
     // Softmax scales every element by the row's maximum and sum, so every
     // warp (not only warp 0) must read the whole block's result.
-    let g = graph("y = softmax(x, dim=1)", "x=64x1000");
+    let g = graph("y = softmax(x, dim=1)", "x=64x4000");
     let f = TemplateCoder
         .realize(&Program::default(), &g, &last_node(&g))
         .unwrap();
@@ -107,6 +113,41 @@ fn every_warp_gets_the_block_result_that_softmax_uses() {
         f.source
     );
     assert!(!f.source.contains("shared[threadIdx.x]"), "{}", f.source);
+}
+
+#[test]
+fn short_rows_take_a_warp_each_and_few_columns_a_block_each() {
+    // Rows of 128: a warp per row, combined by shuffles alone.
+    for op in ["sum", "softmax", "logsumexp"] {
+        let g = graph(&format!("y = {op}(x, dim=1)"), "x=65536x128");
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &last_node(&g))
+            .unwrap();
+        compiles(&f, op);
+        assert!(f.source.contains("k += 32)"), "{op}: {}", f.source);
+        assert!(!f.source.contains("__syncthreads"), "{op}: {}", f.source);
+    }
+    // 8 x 64 lines over 4096 steps: blocks of warps share each line's
+    // steps; 512 x 4096 lines stay a thread each.
+    for (shape, shared) in [("x=8x4096x64", true), ("x=512x16x4096", false)] {
+        let g = graph("y = sum(x, dim=1)", shape);
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &last_node(&g))
+            .unwrap();
+        compiles(&f, shape);
+        assert_eq!(
+            f.source.contains("part[slice][lane]"),
+            shared,
+            "{shape}: {}",
+            f.source
+        );
+        if shared {
+            // 16 column tiles: the 4096 steps are cut into chunks, one
+            // block each, so that the grid fills the GPU.
+            assert!(f.launch.sizes[3] > 1, "{:?}", f.launch.sizes);
+            assert_eq!(u64::from(f.launch.grid), 16 * f.launch.sizes[3] as u64);
+        }
+    }
 }
 
 #[test]

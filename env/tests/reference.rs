@@ -228,3 +228,35 @@ fn rewritten_graphs_compute_what_the_originals_do() {
         }
     }
 }
+
+#[test]
+fn ops_moved_to_channels_last_compute_what_the_originals_do() {
+    for (src, shapes) in [
+        (
+            "y = softmax(sum(x * 2, dim=2, keepdim=true) + b, dim=1)",
+            "x=2x3x4x5,b=3x1x1",
+        ),
+        ("y = max(relu(x) - b, dim=1)", "x=2x3x4x5,b=3x1x1"),
+        ("y = mean(gelu(x), dim=3)", "x=2x3x4x5"),
+        ("y = log_softmax(x, dim=2) * x", "x=2x3x4x5"),
+        ("y = relu(x) + z", "x=2x3x4x5,z=2x3x4x5"),
+        (
+            "y = sum(tanh(x) + b, dim=1, keepdim=true)",
+            "x=2x3x2x3x4,b=3x1x1x1",
+        ),
+    ] {
+        let g = graph(src, shapes);
+        let x = g.nodes().find(|(_, n)| n.name == "x").unwrap().0;
+        let r = mtmc_actions::rewrite::sink_layout(&g, &[x]);
+        let mut inputs = HashMap::new();
+        for (k, (_, n)) in g.nodes().filter(|(_, n)| n.op.is_source()).enumerate() {
+            let numel = n.outputs[0].numel() as usize;
+            inputs.insert(n.name.clone(), random(numel, 20 + k as u64));
+        }
+        let (before, after) = (all(&g, &inputs), all(&r, &inputs));
+        assert_eq!(g.tensor(g.outputs()[0]), r.tensor(r.outputs()[0]), "{src}");
+        for (a, b) in after.iter().zip(&before) {
+            assert!(close(*a, *b), "{src}: {a} vs {b}");
+        }
+    }
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use mtmc_actions::device::{MathMode, builtin_devices, find_device};
 use mtmc_actions::graph::{NodeId, OpGraph};
-use mtmc_actions::op::OpClass;
+use mtmc_actions::op::{Layout, Op, OpClass};
 use mtmc_coder::action::{Action, ActionKind, Params};
 use mtmc_coder::program::Program;
 use mtmc_coder::render::to_cuda_program;
@@ -99,7 +99,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     match &req.subject {
         Subject::Intent { text, bindings, .. } => {
             let g = mtmc_actions::intent::compile(text, bindings).context("in --intent")?;
-            let regions = regions(&g)?;
+            let regions = regions(&g, false)?;
             if regions.is_empty() {
                 bail!(
                     "the intent has nothing for a kernel: the native evaluator needs one (matmuls are library calls only in a ModelNew)"
@@ -275,7 +275,7 @@ pub fn optimize_problem(
     let mut best: Option<(f64, Program, Params, Outcome, usize)> = None;
     let mut not_covered = None;
     for (k, (graph, rewrites)) in graphs.iter().enumerate() {
-        let regions = match regions(graph) {
+        let regions = match regions(graph, true) {
             Ok(r) => r,
             Err(e) => {
                 if let Some(names) = rewrites {
@@ -697,13 +697,20 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 
 /// The regions a graph is cut into: connected pointwise chains (each a
 /// fused kernel) and single reductions, softmaxes and norms (row kernels);
-/// matmuls and convolutions stay library calls.
-fn regions(g: &OpGraph) -> Result<Vec<Vec<u32>>> {
+/// matmuls and convolutions stay library calls, and permutes torch views
+/// where the program runs beside torch (`torch_views`: a ModelNew).
+fn regions(g: &OpGraph, torch_views: bool) -> Result<Vec<Vec<u32>>> {
     let mut region_of: std::collections::HashMap<NodeId, usize> = Default::default();
     let mut regions: Vec<Vec<u32>> = Vec::new();
     let mut other = Vec::new();
     for (id, n) in g.nodes() {
-        if n.op.is_source() || n.op.is_view() || mtmc_coder::export::library_op(&n.op) {
+        // In a ModelNew, permutes are torch views (made dense by torch
+        // where a kernel reads them).
+        if n.op.is_source()
+            || n.op.is_view()
+            || mtmc_coder::export::library_op(&n.op)
+            || (torch_views && matches!(n.op, Op::Layout(Layout::Permute { .. })))
+        {
             continue;
         }
         if row_op(g, id.index() as u32) {

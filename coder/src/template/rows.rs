@@ -4,10 +4,14 @@
 //! - `inner == 1` (the reduced dims are the trailing ones): one block per
 //!   row, each thread striding over the row, then a warp-shuffle and
 //!   shared-memory block reduction; softmax makes one pass for the maximum,
-//!   one for the sum, one to write.
+//!   one for the sum, one to write. Rows of at most 1024 take one warp
+//!   each, combined by shuffles alone.
 //! - `inner > 1`: one thread per output element, looping over `K` with
 //!   stride `inner`, so that neighbouring threads read neighbouring
-//!   addresses.
+//!   addresses. With fewer outputs than the GPU holds threads, a block per
+//!   32 neighbouring outputs and chunk of `K` instead, its warps sharing
+//!   the chunk's steps, the chunks combined by the last block to finish
+//!   (reductions; softmax keeps a thread per line).
 
 use std::fmt::Write as _;
 
@@ -219,7 +223,30 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src,
         "// {name}: {kind:?} over [{outer}, {k}, {inner}] (outer, reduced, inner)"
     );
-    let (grid, sizes) = if inner == 1 {
+    let (grid, sizes) = if inner == 1 && k <= SHORT_ROW {
+        warp_rows(&mut src, name, kind, &finish);
+        let warps = u64::from(block / 32).max(1);
+        (
+            outer.div_ceil(warps).clamp(1, WAVES * 2),
+            vec![outer as i64, k as i64],
+        )
+    } else if inner > 1
+        && outer * inner < FEW_LINES
+        && let Some((identity, map, op)) = kind.monoid()
+    {
+        // Enough blocks for two waves, each with at least 32 steps per warp.
+        let groups = outer * inner.div_ceil(32);
+        let warps = u64::from(block / 32).max(1);
+        let splits = (2 * WAVES)
+            .div_ceil(groups)
+            .min(k.div_ceil(warps * 32))
+            .max(1);
+        columns(&mut src, name, (identity, map, op), &finish, groups, splits);
+        (
+            groups * splits,
+            vec![outer as i64, k as i64, inner as i64, splits as i64],
+        )
+    } else if inner == 1 {
         per_row(
             &mut src,
             name,
@@ -303,6 +330,136 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         sizes,
     };
     Ok(one_node(name, action, src, vec![input], node, launch))
+}
+
+/// Fewer `(outer, inner)` lines than this (the threads an H100 holds at
+/// once) are reduced by blocks of warps over the reduced dim.
+const FEW_LINES: u64 = 132 * 2048;
+
+/// A kernel for `[outer, K, inner]` with few lines: a block per `(outer,
+/// 32 columns, chunk of K)`, its warps taking every `warps`-th step of the
+/// chunk (a warp reads 32 neighbouring columns) and combining in shared
+/// memory; the last block of a column tile to finish (an atomic count
+/// after a fence) combines the chunks' partials, writes the 32 results
+/// and resets the count for the next launch.
+fn columns(
+    src: &mut String,
+    name: &str,
+    (identity, map, op): (&str, &str, &str),
+    finish: &dyn Fn(&str) -> String,
+    groups: u64,
+    splits: u64,
+) {
+    let _ = writeln!(
+        src,
+        "__device__ float {name}_part[{}];",
+        groups * splits * 32
+    );
+    let _ = writeln!(src, "__device__ unsigned int {name}_done[{groups}];");
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long outer, long long K, long long inner, long long splits) {{"
+    );
+    src.push_str("    __shared__ float part[32][33];\n    __shared__ bool last;\n");
+    src.push_str("    const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5, slices = blockDim.x >> 5;\n");
+    src.push_str("    const long long tiles = (inner + 31) / 32;\n");
+    src.push_str("    const long long g = blockIdx.x / splits, sp = blockIdx.x % splits;\n");
+    src.push_str("    const long long o = g / tiles, i = (g % tiles) * 32 + lane;\n");
+    src.push_str("    const long long chunk = (K + splits - 1) / splits;\n");
+    src.push_str("    const long long lo = sp * chunk, hi = min(K, lo + chunk);\n");
+    let _ = writeln!(src, "    float acc = {identity}, c = 0.0f;");
+    src.push_str("    if (i < inner) {\n");
+    src.push_str("        const long long base = o * K * inner + i;\n");
+    let _ = writeln!(
+        src,
+        "        for (long long k = lo + slice; k < hi; k += slices) {{ float v = LOAD_X(base + k * inner); {} }}",
+        step(map, op)
+    );
+    src.push_str("    }\n");
+    src.push_str("    part[slice][lane] = acc;\n    __syncthreads();\n");
+    src.push_str("    if (slice == 0) {\n");
+    let _ = writeln!(
+        src,
+        "        for (int s = 1; s < slices; ++s) {{ float a = acc, b = part[s][lane]; acc = {op}; }}"
+    );
+    let _ = writeln!(src, "        {name}_part[blockIdx.x * 32 + lane] = acc;");
+    src.push_str("        __threadfence();\n    }\n    __syncthreads();\n");
+    let _ = writeln!(
+        src,
+        "    if (threadIdx.x == 0) last = atomicAdd(&{name}_done[g], 1u) == (unsigned int)(splits - 1);"
+    );
+    src.push_str("    __syncthreads();\n");
+    src.push_str("    if (last && slice == 0) {\n        __threadfence();\n");
+    let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
+    let _ = writeln!(
+        src,
+        "        for (long long p = 0; p < splits; ++p) {{ float v = ((volatile float*){name}_part)[(g * splits + p) * 32 + lane]; {} }}",
+        step("v", op)
+    );
+    let _ = writeln!(
+        src,
+        "        if (i < inner) y[o * inner + i] = {};",
+        finish("acc")
+    );
+    let _ = writeln!(src, "        if (lane == 0) {name}_done[g] = 0u;");
+    src.push_str("    }\n}\n");
+}
+
+/// Rows up to this long are reduced by one warp each.
+const SHORT_ROW: u64 = 1024;
+
+/// Warp-wide combine of `var` with `op` (a, b) by shuffles; every lane
+/// holds the result.
+fn warp_reduce(src: &mut String, var: &str, op: &str) {
+    let _ = writeln!(
+        src,
+        "        for (int off = 16; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}"
+    );
+}
+
+/// A kernel with a warp per row of `[rows, K]` (short rows: no shared
+/// memory, no block barrier), for reductions, softmax and logsumexp.
+fn warp_rows(src: &mut String, name: &str, kind: Kind, finish: &dyn Fn(&str) -> String) {
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void {name}(const float* __restrict__ x, float* __restrict__ y, long long rows, long long K) {{"
+    );
+    src.push_str("    const int lane = threadIdx.x & 31;\n");
+    src.push_str("    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);\n");
+    src.push_str("    for (long long r = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {\n");
+    src.push_str("        const long long xr = r * K;\n");
+    match kind.monoid() {
+        Some((identity, map, op)) => {
+            let _ = writeln!(src, "        float acc = {identity}, c = 0.0f;");
+            let _ = writeln!(
+                src,
+                "        for (long long k = lane; k < K; k += 32) {{ float v = LOAD_X(xr + k); {} }}",
+                step(map, op)
+            );
+            warp_reduce(src, "acc", op);
+            let _ = writeln!(src, "        if (lane == 0) y[r] = {};", finish("acc"));
+        }
+        None => {
+            src.push_str("        float m = __int_as_float(0xff800000);\n");
+            src.push_str(
+                "        for (long long k = lane; k < K; k += 32) m = fmaxf(m, LOAD_X(xr + k));\n",
+            );
+            warp_reduce(src, "m", "fmaxf(a, b)");
+            src.push_str("        float s = 0.0f, c = 0.0f;\n");
+            src.push_str("        for (long long k = lane; k < K; k += 32) { float y = expf(LOAD_X(xr + k) - m) - c; float t = s + y; c = (t - s) - y; s = t; }\n");
+            warp_reduce(src, "s", "a + b");
+            match kind {
+                Kind::LogSumExp => src.push_str("        if (lane == 0) y[r] = m + logf(s);\n"),
+                Kind::Softmax { log: false } => src.push_str(
+                    "        for (long long k = lane; k < K; k += 32) y[xr + k] = expf(LOAD_X(xr + k) - m) / s;\n",
+                ),
+                _ => src.push_str(
+                    "        for (long long k = lane; k < K; k += 32) y[xr + k] = LOAD_X(xr + k) - m - logf(s);\n",
+                ),
+            }
+        }
+    }
+    src.push_str("    }\n}\n");
 }
 
 /// The index of the first maximum (or minimum) along one dim, as int64:
