@@ -438,6 +438,10 @@ pub struct Pool {
     pub ceil_mode: bool,
     /// Padding counts in the average's denominator.
     pub count_include_pad: bool,
+    /// The channels are the last dim (`N, spatial…, C`) rather than the
+    /// second (a pool moved into a channels-last layout).
+    #[serde(default)]
+    pub channels_last: bool,
 }
 
 /// Adaptive pooling to a fixed output size.
@@ -838,12 +842,17 @@ impl fmt::Display for Op {
             }
             Op::Pool(p) => write!(
                 f,
-                "{}pool{}d k={} s={} p={}",
+                "{}pool{}d k={} s={} p={}{}",
                 if p.max { "max" } else { "avg" },
                 p.spatial,
                 dims(&p.kernel),
                 dims(&p.stride),
-                dims(&p.padding)
+                dims(&p.padding),
+                if p.channels_last {
+                    " channels-last"
+                } else {
+                    ""
+                }
             ),
             Op::AdaptivePool(p) => write!(
                 f,

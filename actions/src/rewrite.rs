@@ -22,7 +22,9 @@ use std::collections::HashMap;
 
 use crate::dtype::TensorType;
 use crate::graph::{NodeId, OpGraph, TensorRef};
-use crate::op::{BinaryOp, Conv, Layout, MatMul, Op, OpClass, Reduce, ReduceOp};
+use crate::op::{
+    BinaryOp, Conv, Layout, MatMul, Norm, NormKind, Op, OpClass, Pool, Reduce, ReduceOp, UnaryOp,
+};
 
 /// A rewrite: its name, and the graph it makes (`None` where it finds
 /// nothing to rewrite).
@@ -503,7 +505,9 @@ const BACK: &str = "_nc_order";
 /// followed by a permute to channels-last, and the ops after it are
 /// computed in that layout while they can be: elementwise ops (operands
 /// of other layouts must be broadcasts that a reshape reorders),
-/// reductions and softmax (their dims renumbered). A reader that cannot
+/// reductions and softmax (their dims renumbered), pooling over the
+/// spatial dims of channels-last tensors, global pooling (a reduction),
+/// batch norm with batch statistics (reductions and elementwise ops). A reader that cannot
 /// work in the new layout, and each graph output, reads a permute back.
 pub fn sink_layout(g: &OpGraph, starts: &[NodeId]) -> OpGraph {
     let mut out = OpGraph::new();
@@ -529,15 +533,20 @@ pub fn sink_layout(g: &OpGraph, starts: &[NodeId]) -> OpGraph {
             0 => format!("{}{BACK}", g.node(t.node).name),
             k => format!("{}_{k}{BACK}", g.node(t.node).name),
         };
-        let back = TensorRef::first(add(
-            out,
-            name,
-            Op::Layout(Layout::Permute {
-                perm: inverse(&perm),
-            }),
-            &[m],
-            vec![ty],
-        ));
+        // Where only size-1 dims move, the permute is a reshape (a view).
+        let inv = inverse(&perm);
+        let moved_shape = &out.tensor(m).shape;
+        let kept: Vec<usize> = inv
+            .iter()
+            .copied()
+            .filter(|&p| moved_shape[p] != 1)
+            .collect();
+        let op = if kept.windows(2).all(|w| w[0] < w[1]) {
+            Op::Layout(Layout::Reshape)
+        } else {
+            Op::Layout(Layout::Permute { perm: inv })
+        };
+        let back = TensorRef::first(add(out, name, op, &[m], vec![ty]));
         plain.insert(t, back);
         back
     };
@@ -546,6 +555,11 @@ pub fn sink_layout(g: &OpGraph, starts: &[NodeId]) -> OpGraph {
         let ins = g.inputs(id);
         let one =
             |t: &TensorType, perm: &[usize]| TensorType::new(permuted(&t.shape, perm), t.dtype);
+        if let Some((y, perm)) = batch_norm_in_new_layout(g, id, &ins, &moved, &mut out, &mut plain)
+        {
+            moved.insert(TensorRef::first(id), (y, perm));
+            continue;
+        }
         if let Some((op, new_ins, perm)) = in_new_layout(g, id, &ins, &moved) {
             // Operands: moved tensors as they are, broadcasts reshaped.
             let mut mapped = Vec::new();
@@ -611,6 +625,102 @@ pub fn sink_layout(g: &OpGraph, starts: &[NodeId]) -> OpGraph {
         .collect();
     out.set_outputs(outputs);
     out
+}
+
+/// Batch norm with batch statistics of a moved tensor, written out in its
+/// layout: the mean and the variance (of the deviations, two passes) per
+/// channel are reductions over every other dim, then `(x - mean) *
+/// rsqrt(var + eps)`, scaled and shifted per channel. The result and its
+/// permutation, or `None` where node `id` is no such norm.
+fn batch_norm_in_new_layout(
+    g: &OpGraph,
+    id: NodeId,
+    ins: &[TensorRef],
+    moved: &HashMap<TensorRef, (TensorRef, Vec<usize>)>,
+    out: &mut OpGraph,
+    plain: &mut HashMap<TensorRef, TensorRef>,
+) -> Option<(TensorRef, Vec<usize>)> {
+    let node = g.node(id);
+    let Op::Norm(Norm {
+        kind: NormKind::Batch,
+        eps,
+        affine,
+        bias,
+        batch_stats: true,
+    }) = &node.op
+    else {
+        return None;
+    };
+    let (x, perm) = moved.get(ins.first()?)?.clone();
+    let shape = out.tensor(x).shape.clone();
+    let dtype = out.tensor(x).dtype;
+    let channel = perm.iter().position(|&p| p == 1)?;
+    let mut stat = vec![1; shape.len()];
+    stat[channel] = shape[channel];
+    let dims: Vec<usize> = (0..shape.len()).filter(|&d| d != channel).collect();
+    let name = &node.name;
+    let mut add = |step: &str, op: Op, inputs: &[TensorRef], shape: &[u64]| {
+        TensorRef::first(
+            out.add(
+                format!("{name}_{step}"),
+                op,
+                inputs,
+                vec![TensorType::new(shape.to_vec(), dtype)],
+            )
+            .expect("inputs exist"),
+        )
+    };
+    let mean = |dims: &[usize]| {
+        Op::Reduce(Reduce {
+            op: ReduceOp::Mean,
+            dims: dims.to_vec(),
+            keepdim: true,
+        })
+    };
+    let m = add("mean", mean(&dims), &[x], &stat);
+    // The deviations squared feed only the variance, so that they fuse in
+    // front of it; the output computes its own.
+    let d = add("deviation", Op::Binary(BinaryOp::Sub), &[x, m], &shape);
+    let d2 = add("squared", Op::Binary(BinaryOp::Mul), &[d, d], &shape);
+    let v = add("variance", mean(&dims), &[d2], &stat);
+    let ve = add(
+        "variance_eps",
+        Op::Scalar {
+            op: BinaryOp::Add,
+            value: *eps,
+            scalar_first: false,
+        },
+        &[v],
+        &stat,
+    );
+    let r = add("rstd", Op::Unary(UnaryOp::Rsqrt), &[ve], &stat);
+    let centered = add("centered", Op::Binary(BinaryOp::Sub), &[x, m], &shape);
+    let mut y = add(
+        "normalized",
+        Op::Binary(BinaryOp::Mul),
+        &[centered, r],
+        &shape,
+    );
+    for (slot, (used, step, op)) in [
+        (*affine, "scaled", BinaryOp::Mul),
+        (*affine && *bias, "shifted", BinaryOp::Add),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if !used {
+            continue;
+        }
+        let param = *plain.get(ins.get(slot + 1)?)?;
+        let view = add(
+            &format!("{step}_view"),
+            Op::Layout(Layout::Reshape),
+            &[param],
+            &stat,
+        );
+        y = add(step, Op::Binary(op), &[y, view], &shape);
+    }
+    Some((y, perm))
 }
 
 /// How an operand reaches an op computed in the new layout.
@@ -692,6 +802,27 @@ fn in_new_layout(
                 keepdim: *keepdim,
             });
             one_moved(op).map(|(op, o, _)| (op, o, out_perm))
+        }
+        // A pool over the spatial dims of a channels-last tensor.
+        Op::Pool(p) if perm == channels_last_perm(rank) && rank == p.spatial + 2 => {
+            one_moved(Op::Pool(Pool {
+                channels_last: true,
+                ..p.clone()
+            }))
+        }
+        // Global pooling is a reduction over the spatial dims.
+        Op::AdaptivePool(a) if a.is_global() && rank == a.output.len() + 2 => {
+            let dims: Vec<usize> = (0..rank).filter(|&i| perm[i] >= 2).collect();
+            let op = if a.max {
+                ReduceOp::Max { indices: false }
+            } else {
+                ReduceOp::Mean
+            };
+            one_moved(Op::Reduce(Reduce {
+                op,
+                dims,
+                keepdim: true,
+            }))
         }
         Op::Softmax { dim, log } => {
             let new = perm.iter().position(|p| p == dim)?;

@@ -329,9 +329,15 @@ fn torch_fallback(
             dilation,
             ceil_mode,
             count_include_pad,
+            channels_last,
         }) => {
             let ceil = if *ceil_mode { "True" } else { "False" };
-            if *max {
+            // Channels last: torch pools the NC… view of the dense
+            // channels-last tensor and keeps its layout, which the permute
+            // back reads densely.
+            let (to, back) = channels_last_views(*channels_last, spatial + 2);
+            let x = &format!("{x}{to}");
+            let call = if *max {
                 let dilation = if dilation.is_empty() {
                     tuple(&vec![1; *spatial])
                 } else {
@@ -351,7 +357,8 @@ fn torch_fallback(
                     tuple(padding),
                     if *count_include_pad { "True" } else { "False" }
                 )
-            }
+            };
+            format!("{call}{back}")
         }
         Op::AdaptivePool(AdaptivePool { max, output }) => format!(
             "F.adaptive_{}_pool{}d({x}, {})",
@@ -424,6 +431,23 @@ fn torch_fallback(
         },
         _ => return None,
     })
+}
+
+/// The views that read a dense channels-last tensor of rank `rank` in
+/// NC… order and back (`.permute(…)` each), or nothing.
+fn channels_last_views(channels_last: bool, rank: usize) -> (String, String) {
+    if !channels_last {
+        return (String::new(), String::new());
+    }
+    let last = mtmc_actions::rewrite::channels_last_perm(rank);
+    let mut nc = vec![0; rank];
+    for (i, &p) in last.iter().enumerate() {
+        nc[p] = i;
+    }
+    (
+        format!(".permute{}", dims_tuple(&nc)),
+        format!(".permute{}", dims_tuple(&last)),
+    )
 }
 
 /// torch's name for an element type a fragment writes.

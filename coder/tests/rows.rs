@@ -196,6 +196,28 @@ fn max_and_average_pooling_compile_with_torchs_divisor() {
 }
 
 #[test]
+fn pooling_moved_to_channels_last_compiles_with_the_channel_innermost() {
+    for name in [
+        "35_Conv2d_Subtract_HardSwish_MaxPool_Mish",
+        "46_Conv2d_Subtract_Tanh_Subtract_AvgPool",
+    ] {
+        let g = traced(2, name);
+        let (r, applied) = mtmc_actions::rewrite::rewrite_all(&g).unwrap();
+        assert!(applied.contains(&"channels_last"), "{name}: {applied:?}");
+        let f =
+            common::realize_first(&r, |op| matches!(op, mtmc_actions::op::Op::Pool(_))).unwrap();
+        compiles(&f, name);
+        // Neighbouring threads take neighbouring channels.
+        assert!(f.source.contains("channels-last"), "{name}:\n{}", f.source);
+        assert!(
+            f.source.contains("const long long c = rest % 128LL"),
+            "{name}:\n{}",
+            f.source
+        );
+    }
+}
+
+#[test]
 fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
     for (name, layout) in [
         // BatchNorm2d after a convolution, 128 channels of 1 M elements:

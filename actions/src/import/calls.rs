@@ -637,6 +637,7 @@ fn pool(c: &Call, max: bool) -> Lower {
             dilation: spatial(dilation, n, 1),
             ceil_mode,
             count_include_pad,
+            channels_last: false,
         }),
         vec![x],
     ))

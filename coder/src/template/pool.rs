@@ -36,7 +36,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     if g.tensor(input).dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
         return Err(Refusal::new(format!("`{}` is not float32", n.name)));
     }
-    let (max, window, include_pad) = match &n.op {
+    let (max, window, include_pad, last) = match &n.op {
         Op::Pool(Pool {
             max,
             spatial,
@@ -45,6 +45,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             padding,
             dilation,
             count_include_pad,
+            channels_last,
             ..
         }) => {
             if in_shape.len() != spatial + 2 {
@@ -61,7 +62,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                     dilation.clone()
                 },
             };
-            (*max, window, *count_include_pad)
+            (*max, window, *count_include_pad, *channels_last)
         }
         Op::AdaptivePool(a @ AdaptivePool { max, .. }) if a.is_global() => {
             let spatial = &in_shape[2..];
@@ -71,11 +72,21 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 padding: vec![0; spatial.len()],
                 dilation: vec![1; spatial.len()],
             };
-            (*max, window, false)
+            (*max, window, false, false)
         }
         other => return Err(Refusal::new(format!("no pooling kernel yet for {other}"))),
     };
     let dims = in_shape.len() - 2;
+    // Spatial dims start after the channels, or right after N when the
+    // channels are last.
+    let first = if last { 1 } else { 2 };
+    let channels = if last {
+        in_shape[dims + 1]
+    } else {
+        in_shape[1]
+    };
+    let in_sp = &in_shape[first..first + dims];
+    let out_sp = &out_shape[first..first + dims];
     if [
         &window.kernel,
         &window.stride,
@@ -92,13 +103,14 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     let block = one_per_thread(action, "pooling")?;
     let numel: u64 = out_shape.iter().product();
-    let in_spatial: u64 = in_shape[2..].iter().product();
+    let in_spatial: u64 = in_sp.iter().product();
     let mut src = String::new();
     let _ = writeln!(
         src,
-        "// {name}: {} pool {:?} (kernel {:?}, stride {:?}, padding {:?}, dilation {:?})",
+        "// {name}: {} pool {:?}{} (kernel {:?}, stride {:?}, padding {:?}, dilation {:?})",
         if max { "max" } else { "average" },
-        &in_shape[2..],
+        in_sp,
+        if last { " channels-last" } else { "" },
         window.kernel,
         window.stride,
         window.padding,
@@ -110,20 +122,35 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     );
     src.push_str("    long long stride = (long long)gridDim.x * blockDim.x;\n");
     src.push_str("    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {\n");
-    // Output coordinates, innermost last; `plane` is the (n, c) index.
+    // Output coordinates, innermost last; `plane` starts the (n, c) plane
+    // (channels last: the channel is innermost and neighbouring threads
+    // read neighbouring channels, `channels` apart per spatial step).
     src.push_str("        long long rest = i;\n");
+    if last {
+        let _ = writeln!(
+            src,
+            "        const long long c = rest % {channels}LL; rest /= {channels}LL;"
+        );
+    }
     for d in (0..dims).rev() {
         let _ = writeln!(
             src,
             "        long long o{d} = rest % {}LL; rest /= {}LL;",
-            out_shape[2 + d],
-            out_shape[2 + d]
+            out_sp[d], out_sp[d]
         );
     }
-    let _ = writeln!(
-        src,
-        "        const float* plane = x + rest * {in_spatial}LL;"
-    );
+    if last {
+        let _ = writeln!(
+            src,
+            "        const float* plane = x + rest * {}LL + c;",
+            in_spatial * channels
+        );
+    } else {
+        let _ = writeln!(
+            src,
+            "        const float* plane = x + rest * {in_spatial}LL;"
+        );
+    }
     for d in 0..dims {
         let _ = writeln!(
             src,
@@ -138,30 +165,31 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         // The divisor with padding counted: the window clipped to the
         // padded input.
         let mut terms = Vec::new();
-        for d in 0..dims {
+        for (d, &extent) in in_sp.iter().enumerate() {
             let _ = writeln!(
                 src,
                 "        long long e{d} = s{d} + {}LL; if (e{d} > {}LL) e{d} = {}LL;",
                 window.kernel[d],
-                in_shape[2 + d] + window.padding[d],
-                in_shape[2 + d] + window.padding[d]
+                extent + window.padding[d],
+                extent + window.padding[d]
             );
             terms.push(format!("(e{d} - s{d})"));
         }
         let _ = writeln!(src, "        long long padded = {};", terms.join(" * "));
     }
-    for d in 0..dims {
+    for (d, &extent) in in_sp.iter().enumerate() {
         let _ = writeln!(
             src,
-            "        for (long long k{d} = 0; k{d} < {}LL; ++k{d}) {{ long long p{d} = s{d} + k{d} * {}LL; if (p{d} < 0 || p{d} >= {}LL) continue;",
-            window.kernel[d],
-            window.dilation[d],
-            in_shape[2 + d]
+            "        for (long long k{d} = 0; k{d} < {}LL; ++k{d}) {{ long long p{d} = s{d} + k{d} * {}LL; if (p{d} < 0 || p{d} >= {extent}LL) continue;",
+            window.kernel[d], window.dilation[d]
         );
     }
     let mut offset = String::from("0");
-    for d in 0..dims {
-        offset = format!("({offset}) * {}LL + p{d}", in_shape[2 + d]);
+    for (d, &extent) in in_sp.iter().enumerate() {
+        offset = format!("({offset}) * {extent}LL + p{d}");
+    }
+    if last {
+        offset = format!("({offset}) * {channels}LL");
     }
     if max {
         let _ = writeln!(src, "        acc = fmaxf(acc, plane[{offset}]);");
