@@ -445,7 +445,7 @@ pub fn channels_last_perm(rank: usize) -> Vec<usize> {
 }
 
 /// The permutation that undoes `perm`.
-fn inverse(perm: &[usize]) -> Vec<usize> {
+pub fn inverse(perm: &[usize]) -> Vec<usize> {
     let mut inv = vec![0; perm.len()];
     for (i, &p) in perm.iter().enumerate() {
         inv[p] = i;

@@ -440,12 +440,11 @@ fn channels_last_views(channels_last: bool, rank: usize) -> (String, String) {
         return (String::new(), String::new());
     }
     let last = mtmc_actions::rewrite::channels_last_perm(rank);
-    let mut nc = vec![0; rank];
-    for (i, &p) in last.iter().enumerate() {
-        nc[p] = i;
-    }
     (
-        format!(".permute{}", dims_tuple(&nc)),
+        format!(
+            ".permute{}",
+            dims_tuple(&mtmc_actions::rewrite::inverse(&last))
+        ),
         format!(".permute{}", dims_tuple(&last)),
     )
 }
