@@ -130,6 +130,10 @@ enum Command {
         /// Seconds before a candidate's evaluation is stopped.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+        /// The code to write: CUDA, or Triton (KernelBench problems only;
+        /// what the Triton coder has no template for stays torch calls).
+        #[arg(long, value_enum, default_value = "cuda")]
+        target: cmd::bench::Target,
     },
     /// Optimize a set of KernelBench problems and print KernelBench's
     /// metrics: correctness, fast_0/1/2, geomean speedup over eager and
@@ -276,6 +280,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             subject,
             out: out_dir,
             timeout,
+            target,
         } => {
             let subject = subject.resolve(kb)?;
             cmd::optimize::run(
@@ -284,6 +289,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     subject,
                     out_dir: &out_dir,
                     timeout: std::time::Duration::from_secs(timeout),
+                    target,
                 },
             )
         }

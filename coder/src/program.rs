@@ -20,6 +20,17 @@ pub struct Launch {
     pub sizes: Vec<i64>,
 }
 
+/// The language a fragment is written in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lang {
+    /// CUDA C++, compiled with NVRTC.
+    #[default]
+    Cuda,
+    /// Triton (Python), compiled by Triton.
+    Triton,
+}
+
 /// One piece of a program: the code for one region of the graph.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Fragment {
@@ -27,7 +38,12 @@ pub struct Fragment {
     pub name: String,
     /// The action that made it.
     pub action: Action,
-    /// CUDA C++ defining one `extern "C" __global__` kernel called `name`.
+    /// Its language.
+    pub lang: Lang,
+    /// CUDA C++ defining one `extern "C" __global__` kernel called `name`,
+    /// or Python defining one `@triton.jit` function called `name` (its
+    /// launch's grid counts programs, its block is the program's warps
+    /// times 32).
     pub source: String,
     /// The tensors it reads, in argument order (after them come its
     /// outputs, then the launch's sizes).

@@ -5,11 +5,12 @@
 
 use mtmc_actions::graph::OpGraph;
 use mtmc_env::nvrtc::{self, Arch, CompileUnit};
+use mtmc_env::triton::{self, TritonUnit};
 use serde::Serialize;
 
 use crate::MicroCoder;
 use crate::action::Action;
-use crate::program::Program;
+use crate::program::{Fragment, Lang, Program};
 
 /// Where a step failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -41,6 +42,8 @@ pub struct Session<'g, C> {
     g: &'g OpGraph,
     coder: C,
     arch: Arch,
+    /// The Python that compiles Triton fragments.
+    python: std::ffi::OsString,
     good: Program,
     /// Every rolled-back step, in order.
     pub failures: Vec<Failure>,
@@ -53,9 +56,17 @@ impl<'g, C: MicroCoder> Session<'g, C> {
             g,
             coder,
             arch,
+            python: mtmc_env::python::interpreter(),
             good: Program::default(),
             failures: Vec::new(),
         }
+    }
+
+    /// Triton fragments compiled by `python` instead of the default
+    /// interpreter (`$MTMC_PYTHON`, else `python3`).
+    pub fn with_python(mut self, python: impl Into<std::ffi::OsString>) -> Self {
+        self.python = python.into();
+        self
     }
 
     /// The last good program.
@@ -71,14 +82,23 @@ impl<'g, C: MicroCoder> Session<'g, C> {
             Ok(f) => f,
             Err(r) => return Err(self.fail(action, Stage::Refused, None, r.0)),
         };
-        let unit = CompileUnit {
-            name: format!("{}.cu", fragment.name),
-            source: fragment.source.clone(),
+        let compiled = match fragment.lang {
+            Lang::Cuda => {
+                let unit = CompileUnit {
+                    name: format!("{}.cu", fragment.name),
+                    source: fragment.source.clone(),
+                };
+                nvrtc::compile(&unit, self.arch).map_err(|e| e.to_string())
+            }
+            Lang::Triton => {
+                triton::compile_with(&self.python, &triton_unit(self.g, &fragment), self.arch)
+                    .map_err(|e| e.to_string())
+            }
         };
-        match nvrtc::compile(&unit, self.arch) {
+        match compiled {
             Ok(report) if report.ok => Ok(self.good.with(fragment)),
             Ok(report) => Err(self.fail(action, Stage::Compile, Some(fragment.source), report.log)),
-            Err(e) => Err(self.fail(action, Stage::Compile, Some(fragment.source), e.to_string())),
+            Err(e) => Err(self.fail(action, Stage::Compile, Some(fragment.source), e)),
         }
     }
 
@@ -112,5 +132,47 @@ impl<'g, C: MicroCoder> Session<'g, C> {
         };
         self.failures.push(f.clone());
         f
+    }
+}
+
+/// The Triton type of a pointer to elements of `dtype`.
+pub fn triton_pointer(dtype: mtmc_actions::DType) -> &'static str {
+    use mtmc_actions::DType;
+    match dtype {
+        DType::F32 => "*fp32",
+        DType::F16 => "*fp16",
+        DType::BF16 => "*bf16",
+        DType::F64 => "*fp64",
+        DType::I64 => "*i64",
+        DType::I32 => "*i32",
+        DType::I16 => "*i16",
+        DType::I8 => "*i8",
+        DType::U8 => "*u8",
+        DType::Bool => "*i1",
+    }
+}
+
+/// A Triton fragment as a unit to compile alone: its pointers typed by the
+/// tensors they point to, its sizes as Triton types them at launch (`i32`
+/// when the value fits).
+pub fn triton_unit(g: &OpGraph, f: &Fragment) -> TritonUnit {
+    let mut signature: Vec<String> = f
+        .inputs
+        .iter()
+        .chain(&f.outputs)
+        .map(|&t| triton_pointer(g.tensor(t).dtype).to_string())
+        .collect();
+    signature.extend(f.launch.sizes.iter().map(|&n| {
+        if i32::try_from(n).is_ok() {
+            "i32".to_string()
+        } else {
+            "i64".to_string()
+        }
+    }));
+    TritonUnit {
+        kernel: f.name.clone(),
+        source: f.source.clone(),
+        signature,
+        num_warps: (f.launch.block / 32).max(1),
     }
 }

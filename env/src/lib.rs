@@ -30,4 +30,5 @@ pub mod probe;
 pub mod python;
 pub mod reference;
 pub mod tracer;
+pub mod triton;
 pub mod worker;

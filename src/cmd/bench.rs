@@ -184,11 +184,6 @@ fn dir_name(p: &Problem) -> String {
 
 /// Runs the bench and prints the table.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
-    if req.target == Target::Triton {
-        bail!(
-            "--target triton: the template coder writes CUDA fragments only today; use --target cuda"
-        );
-    }
     let problems = crate::source::Problems::load(req.kernelbench)?;
     let mut chosen: Vec<&Problem> = Vec::new();
     for name in req.names {
@@ -271,7 +266,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     );
     for p in &todo {
         bar.set_message(p.full_name());
-        let record = bench_one(&problems, p, &mut judge, req.out_dir);
+        let record = bench_one(&problems, p, &mut judge, req.out_dir, req.target);
         let line = bench_line(&record);
         bar.suspend(|| writeln!(out, "{line}"))?;
         writeln!(results, "{}", serde_json::to_string(&record)?)
@@ -332,6 +327,7 @@ fn bench_one(
     p: &Problem,
     judge: &mut ProblemJudge,
     root: &Path,
+    target: Target,
 ) -> Record {
     let started = Instant::now();
     let dir = dir_name(p);
@@ -364,7 +360,7 @@ fn bench_one(
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))
         });
-    match result.and_then(|g| optimize_problem(&mut log, p, &g, judge, &out_dir)) {
+    match result.and_then(|g| optimize_problem(&mut log, p, &g, judge, &out_dir, target)) {
         Ok(s) => {
             record.kernels = s.kernels;
             record.library_calls = s.library_calls;

@@ -14,11 +14,13 @@ use anyhow::{Context, Result, bail};
 use mtmc_actions::device::{MathMode, builtin_devices, find_device};
 use mtmc_actions::graph::{NodeId, OpGraph};
 use mtmc_actions::op::{Layout, Op, OpClass};
+use mtmc_coder::MicroCoder;
 use mtmc_coder::action::{Action, ActionKind, Params};
 use mtmc_coder::program::Program;
 use mtmc_coder::render::to_cuda_program;
 use mtmc_coder::session::{Failure, Session, Stage};
 use mtmc_coder::template::TemplateCoder;
+use mtmc_coder::template::triton::TritonCoder;
 use mtmc_env::evaluator::{
     Candidate, CompileOnly, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings,
 };
@@ -27,6 +29,7 @@ use mtmc_env::nvrtc::Arch;
 use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
 use mtmc_env::worker::{Protocol, WorkerSlot};
 
+use crate::cmd::bench::Target;
 use crate::cmd::show::Subject;
 
 /// What `mtmc optimize` was asked to do.
@@ -37,6 +40,8 @@ pub struct Request<'a> {
     pub out_dir: &'a Path,
     /// Wall-clock limit per candidate.
     pub timeout: Duration,
+    /// The code to write.
+    pub target: Target,
 }
 
 /// The variants the built-in search tries, in order: launch parameters,
@@ -98,6 +103,11 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let specs = builtin_devices();
     match &req.subject {
         Subject::Intent { text, bindings, .. } => {
+            if req.target == Target::Triton {
+                bail!(
+                    "--target triton: intents are judged by the native evaluator, which runs CUDA programs only; use --target cuda for an intent, or a KernelBench problem for Triton"
+                );
+            }
             let g = mtmc_actions::intent::compile(text, bindings).context("in --intent")?;
             let regions = regions(&g, false)?;
             if regions.is_empty() {
@@ -129,19 +139,26 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 VARIANTS.len(),
                 how("judged on the GPU against the f64 reference"),
             )?;
-            let found = search(out, &g, &regions, &VARIANTS, |program, label| {
-                let candidate = Candidate::Cuda {
-                    name: label.to_string(),
-                    program: to_cuda_program(&g, program).map_err(anyhow::Error::msg)?,
-                };
-                let mut o = if gpu {
-                    runtime.block_on(native.evaluate(&problem, &candidate))?
-                } else {
-                    runtime.block_on(compile_only.evaluate(&problem, &candidate))?
-                };
-                add_roofline(&mut o, &g, &specs);
-                Ok(o)
-            })?;
+            let found = search(
+                out,
+                &g,
+                &regions,
+                &VARIANTS,
+                Target::Cuda,
+                |program, label| {
+                    let candidate = Candidate::Cuda {
+                        name: label.to_string(),
+                        program: to_cuda_program(&g, program).map_err(anyhow::Error::msg)?,
+                    };
+                    let mut o = if gpu {
+                        runtime.block_on(native.evaluate(&problem, &candidate))?
+                    } else {
+                        runtime.block_on(compile_only.evaluate(&problem, &candidate))?
+                    };
+                    add_roofline(&mut o, &g, &specs);
+                    Ok(o)
+                },
+            )?;
             let wrote = conclude(out, req.out_dir, text, found, |program| {
                 let cuda = to_cuda_program(&g, program).map_err(anyhow::Error::msg)?;
                 write(req.out_dir, "program.cu", &cuda.source)?;
@@ -168,7 +185,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
             let mut judge = ProblemJudge::new(gpu, req.timeout, true);
-            let summary = optimize_problem(out, p, &g, &mut judge, req.out_dir)?;
+            let summary = optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?;
             if summary.best.is_none() {
                 bail!(
                     "no variant was correct; the attempts are in {}",
@@ -244,6 +261,7 @@ pub fn optimize_problem(
     g: &OpGraph,
     judge: &mut ProblemJudge,
     out_dir: &Path,
+    target: Target,
 ) -> Result<Summary> {
     if p.code.is_empty() {
         bail!(
@@ -315,7 +333,7 @@ pub fn optimize_problem(
                 "judged by compile only (no GPU: nothing is run or timed)"
             },
         )?;
-        let found = search(out, graph, &regions, variants, |program, label| {
+        let found = search(out, graph, &regions, variants, target, |program, label| {
             judge_program(judge, &problem, graph, &p.code, program, label, &specs)
         })?;
         summary.judged += found.judged;
@@ -328,8 +346,20 @@ pub fn optimize_problem(
         if let Some((ms, program, params, o)) = found.best
             && best.as_ref().is_none_or(|b| ms < b.0)
         {
-            summary.kernels = regions.len();
-            summary.library_calls = library;
+            // Ops no fragment computes are torch calls (with Triton, also
+            // the regions it refused).
+            let covered = program.covered();
+            summary.kernels = program.fragments.len();
+            summary.library_calls = graph
+                .nodes()
+                .filter(|(id, n)| {
+                    !n.op.is_source()
+                        && !n.op.is_view()
+                        && !matches!(n.op, Op::Layout(Layout::Permute { .. }))
+                        && !covered.contains(id)
+                })
+                .count()
+                .max(library);
             best = Some((ms, program, params, o, k));
         }
     }
@@ -340,7 +370,7 @@ pub fn optimize_problem(
         match mtmc_coder::export::to_model_new(g, &Program::default(), &p.code) {
             Ok(_) => {
                 // No regions: the one program is the graph as torch calls.
-                let found = search(out, g, &[], &VARIANTS[..1], |program, label| {
+                let found = search(out, g, &[], &VARIANTS[..1], target, |program, label| {
                     judge_program(judge, &problem, g, &p.code, program, label, &specs)
                 })?;
                 summary.variants += 1;
@@ -447,6 +477,7 @@ fn search(
     g: &OpGraph,
     regions: &[Vec<u32>],
     variants: &[(Params, bool)],
+    target: Target,
     mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
     let mut found = Found {
@@ -473,8 +504,25 @@ fn search(
                 if fuse { "" } else { " unfused" }
             )
         };
-        let program = match build(g, regions, params, fuse) {
-            Ok(p) => p,
+        let built = match target {
+            Target::Cuda => build(g, regions, params, fuse, TemplateCoder, false),
+            Target::Triton => build(g, regions, params, fuse, TritonCoder, true),
+        };
+        let program = match built {
+            Ok((p, refused)) => {
+                for f in refused {
+                    let first = f.log.lines().next().unwrap_or("");
+                    writeln!(
+                        out,
+                        "  {label}: region {:?} stays torch calls: {first}",
+                        f.action.region
+                    )?;
+                    found
+                        .attempts
+                        .push(serde_json::json!({"params": params, "left_to_torch": f}));
+                }
+                p
+            }
             Err(f) => {
                 let stage = match f.stage {
                     Stage::Refused => "refused",
@@ -607,14 +655,19 @@ fn row_op(g: &OpGraph, index: u32) -> bool {
 }
 
 /// The program with one fragment per region at `params` (row kernels read
-/// one element per thread), or the first failure.
-fn build(
+/// one element per thread), or the first failure. With `leave_refused`, a
+/// region the coder refuses stays torch calls (the refusals are returned)
+/// instead of failing the program.
+fn build<C: MicroCoder>(
     g: &OpGraph,
     regions: &[Vec<u32>],
     params: Params,
     fuse: bool,
-) -> Result<Program, Failure> {
-    let mut session = Session::new(g, TemplateCoder, Arch::SM90);
+    coder: C,
+    leave_refused: bool,
+) -> Result<(Program, Vec<Failure>), Failure> {
+    let mut refused = Vec::new();
+    let mut session = Session::new(g, coder, Arch::SM90);
     let action = |region: &[u32]| {
         let row = region.last().is_some_and(|&n| row_op(g, n));
         Action {
@@ -652,11 +705,14 @@ fn build(
                 continue;
             }
         }
-        let next = session.propose(&action(&regions[k]))?;
-        session.accept(next);
+        match session.propose(&action(&regions[k])) {
+            Ok(next) => session.accept(next),
+            Err(f) if leave_refused && f.stage == Stage::Refused => refused.push(f),
+            Err(f) => return Err(f),
+        }
         k += 1;
     }
-    Ok(session.good().clone())
+    Ok((session.good().clone(), refused))
 }
 
 /// The index of the region (right after `k`) holding the single row op

@@ -7,12 +7,16 @@
 //! sums and products, forward or reverse; losses (mse, huber, smooth L1,
 //! cross-entropy, triplet margin) reduced to their mean or sum. Each family refuses,
 //! with the reason, what it cannot write.
+//!
+//! Triton (`triton::TritonCoder`): pointwise chains, row reductions,
+//! softmax, global pooling and layer / RMS / group / instance norm.
 
 mod loss;
 mod pointwise;
 mod pool;
 mod rows;
 mod scan;
+pub mod triton;
 
 use mtmc_actions::graph::OpGraph;
 
@@ -69,6 +73,7 @@ fn one_node(
     Fragment {
         name: name.to_string(),
         action: action.clone(),
+        lang: crate::program::Lang::Cuda,
         source,
         inputs,
         outputs: vec![mtmc_actions::graph::TensorRef::first(node)],

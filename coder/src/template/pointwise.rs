@@ -96,12 +96,12 @@ fn binary(b: BinaryOp, x: &str, y: &str) -> Result<String, Refusal> {
     })
 }
 
-fn shape(g: &OpGraph, t: TensorRef) -> Vec<u64> {
+pub(super) fn shape(g: &OpGraph, t: TensorRef) -> Vec<u64> {
     g.tensor(t).shape.clone()
 }
 
 /// Whether `small` broadcasts to `full` (numpy rules, right-aligned).
-fn broadcasts(small: &[u64], full: &[u64]) -> bool {
+pub(super) fn broadcasts(small: &[u64], full: &[u64]) -> bool {
     small.len() <= full.len()
         && small
             .iter()
@@ -113,6 +113,20 @@ fn broadcasts(small: &[u64], full: &[u64]) -> bool {
 /// The offset expression of an input of `small` shape for output index
 /// coordinates `c{d}` of `full`.
 fn offset(small: &[u64], full: &[u64], coords: &mut HashSet<usize>) -> String {
+    broadcast_offset(small, full, coords, "LL", "0")
+}
+
+/// The offset expression of an input of `small` shape read at flat
+/// offsets `i` of `full` through coordinates `c{d}` (noted in `coords`),
+/// with `wide` after each stride literal and `zero` where every element
+/// reads the same one.
+pub(super) fn broadcast_offset(
+    small: &[u64],
+    full: &[u64],
+    coords: &mut HashSet<usize>,
+    wide: &str,
+    zero: &str,
+) -> String {
     if small == full {
         return "i".into();
     }
@@ -125,13 +139,13 @@ fn offset(small: &[u64], full: &[u64], coords: &mut HashSet<usize>) -> String {
             terms.push(if stride == 1 {
                 format!("c{}", lead + k)
             } else {
-                format!("c{} * {stride}LL", lead + k)
+                format!("c{} * {stride}{wide}", lead + k)
             });
         }
         stride *= small[k];
     }
     if terms.is_empty() {
-        "0".into()
+        zero.into()
     } else {
         terms.join(" + ")
     }
@@ -296,7 +310,7 @@ fn rename_coord(expr: &str, d: usize, to: &str) -> String {
 
 /// The region's tensors read from outside it, and its outputs: tensors
 /// read outside it or that are graph outputs.
-fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
+pub(super) fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
     let inside: HashSet<NodeId> = region.iter().copied().collect();
     let mut inputs = Vec::new();
     for &n in region {
@@ -553,6 +567,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     Ok(Fragment {
         name: name.to_string(),
         action: action.clone(),
+        lang: crate::program::Lang::Cuda,
         source: src,
         inputs,
         outputs,

@@ -49,7 +49,7 @@ impl Kind {
 }
 
 /// The row view of a reduction over `dims` of `shape`: (outer, K, inner).
-fn row_view(shape: &[u64], dims: &[usize]) -> Result<(u64, u64, u64), Refusal> {
+pub(super) fn row_view(shape: &[u64], dims: &[usize]) -> Result<(u64, u64, u64), Refusal> {
     let mut dims = dims.to_vec();
     dims.sort_unstable();
     if dims.is_empty() {

@@ -1,0 +1,390 @@
+//! The Triton coder, with real Triton: every family compiles for sm_90
+//! (Triton lowers to PTX and its ptxas assembles it, no GPU needed), a
+//! fragment that does not compile is rolled back with Triton's error, and
+//! the exported `ModelNew` computes what the same graph computes with
+//! torch, run on the CPU by Triton's interpreter.
+//!
+//! They need Python with torch and triton (`$MTMC_TEST_PYTHON`, which
+//! `scripts/test` provides); without it they pass vacuously unless
+//! `MTMC_EXPECT_TRITON` is set.
+
+use mtmc_actions::DType;
+use mtmc_actions::dtype::TensorType;
+use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
+use mtmc_actions::intent::{Bindings, compile, parse_shapes};
+use mtmc_actions::op::{Norm, NormKind, Op, OpClass};
+use mtmc_coder::MicroCoder;
+use mtmc_coder::action::{Action, ActionKind, Params};
+use mtmc_coder::export::to_model_new;
+use mtmc_coder::program::{Fragment, Lang, Program};
+use mtmc_coder::session::{Session, Stage};
+use mtmc_coder::template::Refusal;
+use mtmc_coder::template::triton::TritonCoder;
+use mtmc_env::nvrtc::Arch;
+
+/// The Python with torch and triton, when this machine has one.
+fn python() -> Option<String> {
+    let python = std::env::var("MTMC_TEST_PYTHON").ok();
+    let has = python.as_ref().is_some_and(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import torch, triton"])
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !has && std::env::var_os("MTMC_EXPECT_TRITON").is_some() {
+        panic!("MTMC_EXPECT_TRITON is set but $MTMC_TEST_PYTHON has no torch and triton");
+    }
+    python.filter(|_| has)
+}
+
+fn graph(src: &str, shapes: &str) -> OpGraph {
+    let b = Bindings {
+        shapes: parse_shapes(shapes).unwrap(),
+        dtype: Some(DType::F32),
+    };
+    compile(src, &b).unwrap()
+}
+
+/// `x` of `shape`, normalized by a group or instance norm with a scale and
+/// shift (inputs `w` and `b`), batch statistics.
+fn norm_graph(kind: NormKind, shape: &[u64]) -> OpGraph {
+    let mut g = OpGraph::new();
+    let t = |s: &[u64]| TensorType::new(s.to_vec(), DType::F32);
+    let x = g
+        .add("x", Op::Input { name: "x".into() }, &[], vec![t(shape)])
+        .unwrap();
+    let w = g
+        .add(
+            "w",
+            Op::Input { name: "w".into() },
+            &[],
+            vec![t(&shape[1..2])],
+        )
+        .unwrap();
+    let b = g
+        .add(
+            "b",
+            Op::Input { name: "b".into() },
+            &[],
+            vec![t(&shape[1..2])],
+        )
+        .unwrap();
+    let y = g
+        .add(
+            "y",
+            Op::Norm(Norm {
+                kind,
+                eps: 1e-5,
+                affine: true,
+                bias: true,
+                batch_stats: true,
+            }),
+            &[
+                TensorRef::first(x),
+                TensorRef::first(w),
+                TensorRef::first(b),
+            ],
+            vec![t(shape)],
+        )
+        .unwrap();
+    let s = g
+        .add(
+            "s",
+            Op::Unary(mtmc_actions::op::UnaryOp::Tanh),
+            &[TensorRef::first(y)],
+            vec![t(shape)],
+        )
+        .unwrap();
+    g.set_outputs(vec![TensorRef::first(s)]);
+    g
+}
+
+/// `triu(x, diagonal=1)` of `x` of `shape`, then `exp`.
+fn triu_graph(shape: &[u64]) -> OpGraph {
+    let mut g = OpGraph::new();
+    let t = TensorType::new(shape.to_vec(), DType::F32);
+    let x = g
+        .add("x", Op::Input { name: "x".into() }, &[], vec![t.clone()])
+        .unwrap();
+    let u = g
+        .add(
+            "u",
+            Op::Triangular {
+                upper: true,
+                diagonal: 1,
+            },
+            &[TensorRef::first(x)],
+            vec![t.clone()],
+        )
+        .unwrap();
+    let e = g
+        .add(
+            "e",
+            Op::Unary(mtmc_actions::op::UnaryOp::Exp),
+            &[TensorRef::first(u)],
+            vec![t],
+        )
+        .unwrap();
+    g.set_outputs(vec![TensorRef::first(e)]);
+    g
+}
+
+/// The cases: a graph, and the shapes its inputs are drawn at.
+fn cases() -> Vec<(&'static str, OpGraph)> {
+    vec![
+        (
+            "broadcast chain",
+            graph(
+                "y = gelu(x * s + b) - tanh(x) / (1 + exp(-x)) + mish(b) + softplus(x) + x ** 3",
+                "x=6x5x33,s=5x1,b=33",
+            ),
+        ),
+        ("triu", triu_graph(&[3, 17, 19])),
+        ("sum of rows", graph("y = sum(x, dim=-1)", "x=37x300")),
+        (
+            "max over a middle dim",
+            graph("y = max(relu(x) * 3, dim=1)", "x=4x70x90"),
+        ),
+        ("mean of all", graph("y = mean(x, dim=[0, 1])", "x=40x33")),
+        (
+            "norm over a long row",
+            graph("y = norm(x, dim=-1)", "x=3x20000"),
+        ),
+        ("argmax of rows", graph("y = argmax(x, dim=-1)", "x=9x1000")),
+        (
+            "argmin over a middle dim",
+            graph("y = argmin(x, dim=1)", "x=5x300x7"),
+        ),
+        (
+            "softmax of short rows",
+            graph("y = softmax(x * 2, dim=-1)", "x=13x100"),
+        ),
+        (
+            "softmax of long rows",
+            graph("y = softmax(x, dim=-1)", "x=3x10000"),
+        ),
+        (
+            "log_softmax over a middle dim",
+            graph("y = log_softmax(x, dim=1)", "x=3x50x40"),
+        ),
+        ("logsumexp", graph("y = logsumexp(x, dim=-1)", "x=12x5000")),
+        (
+            "layer norm",
+            graph("y = layer_norm(x, g, b, dim=-1)", "x=16x300,g=300,b=300"),
+        ),
+        (
+            "rms norm of long rows",
+            graph("y = rms_norm(x - 1, g, dim=-1)", "x=4x10000,g=10000"),
+        ),
+        (
+            "group norm",
+            norm_graph(NormKind::Group { groups: 4 }, &[2, 8, 6, 5]),
+        ),
+        (
+            "instance norm",
+            norm_graph(NormKind::Instance, &[2, 3, 7, 9]),
+        ),
+    ]
+}
+
+fn is_row(g: &OpGraph, n: NodeId) -> bool {
+    !matches!(g.node(n).op.class(), OpClass::Pointwise)
+}
+
+/// Regions as `mtmc optimize` cuts them for these graphs: the pointwise
+/// ops before a row op fused in front of it, the rest one chain.
+fn plan(g: &OpGraph) -> Vec<Vec<u32>> {
+    let mut regions = Vec::new();
+    let mut pending: Vec<u32> = Vec::new();
+    for (id, n) in g.nodes() {
+        if n.op.is_source() || n.op.is_view() {
+            continue;
+        }
+        pending.push(id.index() as u32);
+        if is_row(g, id) {
+            regions.push(std::mem::take(&mut pending));
+        }
+    }
+    if !pending.is_empty() {
+        regions.push(pending);
+    }
+    regions
+}
+
+/// Builds the Triton program for `g`, every fragment compiled with
+/// Triton in `python`.
+fn build(g: &OpGraph, python: &str, params: Params) -> Program {
+    let mut s = Session::new(g, TritonCoder, Arch::SM90).with_python(python);
+    for region in plan(g) {
+        let action = Action {
+            kind: if region.len() == 1 {
+                ActionKind::CustomKernel
+            } else {
+                ActionKind::Fuse
+            },
+            region,
+            params,
+        };
+        match s.propose(&action) {
+            Ok(p) => s.accept(p),
+            Err(f) => panic!("{:?} failed at {:?}: {}", action, f.stage, f.log),
+        }
+    }
+    assert!(
+        g.nodes()
+            .all(|(id, n)| n.op.is_source() || n.op.is_view() || s.good().covered().contains(&id))
+    );
+    s.good().clone()
+}
+
+/// Problem code whose `Model` takes the graph's inputs by name.
+fn problem_code(g: &OpGraph) -> String {
+    let names: Vec<String> = g
+        .nodes()
+        .filter_map(|(_, n)| match &n.op {
+            Op::Input { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    format!(
+        "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, {}):\n        raise RuntimeError('the reference is the call-library export')\n",
+        names.join(", ")
+    )
+}
+
+#[test]
+fn every_triton_family_compiles_for_sm90() {
+    let Some(python) = python() else { return };
+    for (what, g) in cases() {
+        for params in [
+            Params {
+                block: 128,
+                vector: 1,
+            },
+            Params {
+                block: 256,
+                vector: 4,
+            },
+        ] {
+            let p = build(&g, &python, params);
+            assert!(p.fragments.iter().all(|f| f.lang == Lang::Triton), "{what}");
+        }
+    }
+}
+
+#[test]
+fn triton_programs_compute_what_torch_computes_in_the_interpreter() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut checks = String::new();
+    for (k, (what, g)) in cases().into_iter().enumerate() {
+        let p = build(
+            &g,
+            &python,
+            Params {
+                block: 128,
+                vector: 1,
+            },
+        );
+        let code = problem_code(&g);
+        let triton = to_model_new(&g, &p, &code).unwrap();
+        let reference = to_model_new(&g, &Program::default(), &code).unwrap();
+        assert!(triton.contains("@triton.jit") && !triton.contains("import cupy"));
+        let (tf, rf) = (
+            dir.path().join(format!("t{k}.py")),
+            dir.path().join(format!("r{k}.py")),
+        );
+        std::fs::write(&tf, &triton).unwrap();
+        std::fs::write(&rf, &reference).unwrap();
+        let shapes: Vec<String> = g
+            .nodes()
+            .filter(|(_, n)| matches!(n.op, Op::Input { .. }))
+            .map(|(_, n)| format!("{:?}", n.outputs[0].shape))
+            .collect();
+        checks += &format!(
+            "check({what:?}, {:?}, {:?}, [{}])\n",
+            tf.display().to_string(),
+            rf.display().to_string(),
+            shapes.join(", ")
+        );
+    }
+    let script = format!(
+        "import os\nos.environ['TRITON_INTERPRET'] = '1'\nimport runpy, torch\nbad = []\ndef check(what, tf, rf, shapes):\n    torch.manual_seed(0)\n    args = [torch.rand(*s) + 0.5 for s in shapes]\n    got = runpy.run_path(tf)['ModelNew']()(*args)\n    want = runpy.run_path(rf)['ModelNew']()(*args)\n    if got.shape != want.shape or got.dtype != want.dtype:\n        bad.append(f'{{what}}: {{got.shape}} {{got.dtype}} vs {{want.shape}} {{want.dtype}}')\n    elif got.dtype == torch.int64:\n        if not torch.equal(got, want): bad.append(f'{{what}}: indices differ')\n    elif not torch.allclose(got, want, atol=1e-4, rtol=1e-4):\n        bad.append(f'{{what}}: max error {{(got - want).abs().max().item()}}')\n{checks}print('bad:', bad)\nassert not bad\n"
+    );
+    let out = std::process::Command::new(&python)
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A coder whose Triton fragment calls a function `tl` does not have.
+struct Broken;
+
+impl MicroCoder for Broken {
+    fn realize(&self, _: &Program, g: &OpGraph, action: &Action) -> Result<Fragment, Refusal> {
+        let mut f = TritonCoder.realize(&Program::default(), g, action)?;
+        f.source = f.source.replace("tl.maximum", "tl.no_such_function");
+        Ok(f)
+    }
+}
+
+#[test]
+fn a_triton_fragment_that_does_not_compile_is_rolled_back_with_tritons_error() {
+    let Some(python) = python() else { return };
+    let g = graph("y = relu(x)", "x=1024");
+    let action = Action {
+        kind: ActionKind::CustomKernel,
+        region: plan(&g).remove(0),
+        params: Params::default(),
+    };
+    let mut s = Session::new(&g, Broken, Arch::SM90).with_python(&python);
+    let failure = s.propose(&action).unwrap_err();
+    assert_eq!(failure.stage, Stage::Compile);
+    assert!(failure.log.contains("no_such_function"), "{}", failure.log);
+    assert!(s.good().fragments.is_empty());
+    assert_eq!(s.failures.len(), 1);
+    // The same step from the real coder compiles.
+    let mut s = Session::new(&g, TritonCoder, Arch::SM90).with_python(&python);
+    let p = s.propose(&action).unwrap();
+    assert_eq!(p.fragments.len(), 1);
+}
+
+#[test]
+fn what_the_triton_coder_cannot_write_is_refused_with_the_reason() {
+    let g = graph("y = cumsum(x, dim=-1)", "x=8x64");
+    let node = plan(&g).remove(0);
+    let r = TritonCoder
+        .realize(
+            &Program::default(),
+            &g,
+            &Action {
+                kind: ActionKind::CustomKernel,
+                region: node,
+                params: Params::default(),
+            },
+        )
+        .unwrap_err();
+    assert!(r.0.contains("pointwise"), "{r}");
+    let g = graph("y = relu(x)", "x=64");
+    let r = TritonCoder
+        .realize(
+            &Program::default(),
+            &g,
+            &Action {
+                kind: ActionKind::CustomKernel,
+                region: plan(&g).remove(0),
+                params: Params {
+                    block: 96,
+                    vector: 1,
+                },
+            },
+        )
+        .unwrap_err();
+    assert!(r.0.contains("power of two"), "{r}");
+}
