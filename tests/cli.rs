@@ -634,6 +634,25 @@ fn optimize_writes_a_program_for_a_pointwise_intent_or_says_what_it_lacks() {
         "{}",
         again.stdout
     );
+    // A matrix product becomes a GEMM kernel with the chain after it fused.
+    let out = mtmc(&[
+        "optimize",
+        "--intent",
+        "y = relu(x @ w + b)",
+        "--shape",
+        "x=256x512,w=512x384,b=384",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ])
+    .success();
+    assert!(
+        out.stdout
+            .contains("block=256 vector=1 gemm: compiled, not run"),
+        "{}",
+        out.stdout
+    );
+    let cu = std::fs::read_to_string(out_dir.join("program.cu")).unwrap();
+    assert!(cu.contains("mma.sync") && cu.contains("k0_gemm_e("), "{cu}");
     let out = mtmc(&[
         "optimize",
         "--intent",

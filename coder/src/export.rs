@@ -580,9 +580,14 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                     }
                     let mut args = args.clone();
                     args.extend(launch.sizes.iter().map(|n| format!("cp.int64({n})")));
+                    let shared = if launch.shared > 0 {
+                        format!(", shared_mem={}", launch.shared)
+                    } else {
+                        String::new()
+                    };
                     let _ = writeln!(
                         body,
-                        "        _KERNELS[{kernel:?}](({},), ({},), ({},))",
+                        "        _KERNELS[{kernel:?}](({},), ({},), ({},){shared})",
                         launch.grid,
                         launch.block,
                         args.join(", ")
@@ -715,6 +720,16 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             "_KERNELS = {{name: _MODULE.get_function(name) for name in [{}]}}",
             names.join(", ")
         );
+        // Past 48 KiB of dynamic shared memory a kernel opts in.
+        for (kernel, launch) in cuda.iter().flat_map(|f| f.launches()) {
+            if launch.shared > 48 * 1024 {
+                let _ = writeln!(
+                    py,
+                    "_KERNELS[{kernel:?}].max_dynamic_shared_size_bytes = {}",
+                    launch.shared
+                );
+            }
+        }
     }
     py.push_str("\n# The problem's Model, for its parameters only (built exactly as the\n# reference builds its own); its forward is never called.\n");
     let _ = writeln!(

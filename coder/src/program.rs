@@ -18,6 +18,8 @@ pub struct Launch {
     pub block: u32,
     /// The sizes passed after the pointers, in order.
     pub sizes: Vec<i64>,
+    /// Dynamic shared memory, bytes (past 48 KiB the kernel opts in).
+    pub shared: u32,
 }
 
 /// The language a fragment is written in.

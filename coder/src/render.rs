@@ -85,7 +85,7 @@ pub fn to_cuda_program(g: &OpGraph, p: &Program) -> Result<CudaProgram, String> 
                 kernel: kernel.to_string(),
                 grid: [launch.grid, 1, 1],
                 block: [launch.block, 1, 1],
-                shared_bytes: 0,
+                shared_bytes: launch.shared,
                 args,
             });
         }

@@ -11,10 +11,9 @@ use mtmc_coder::MicroCoder;
 use mtmc_coder::action::{Action, ActionKind, Params};
 use mtmc_coder::program::Program;
 use mtmc_coder::template::TemplateCoder;
-use mtmc_env::nvrtc::{Arch, CompileUnit};
 
 mod common;
-use common::traced;
+use common::{compiles, traced};
 
 fn graph(src: &str, shapes: &str) -> OpGraph {
     let b = Bindings {
@@ -22,20 +21,6 @@ fn graph(src: &str, shapes: &str) -> OpGraph {
         dtype: Some(DType::F32),
     };
     compile(src, &b).unwrap()
-}
-
-/// Asserts that the fragment compiles with NVRTC for sm_90.
-#[track_caller]
-fn compiles(f: &mtmc_coder::program::Fragment, what: &str) {
-    let r = mtmc_env::nvrtc::compile(
-        &CompileUnit {
-            name: "k.cu".into(),
-            source: f.source.clone(),
-        },
-        Arch::SM90,
-    )
-    .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
-    assert!(r.ok, "{what}: {}\n{}", r.log, f.source);
 }
 
 fn last_node(g: &OpGraph) -> Action {

@@ -44,47 +44,74 @@ pub struct Request<'a> {
     pub target: Target,
 }
 
+/// One program the built-in search builds: launch parameters, whether
+/// pointwise chains are fused in front of the row kernels that read them,
+/// and how matrix products are computed.
+#[derive(Clone, Copy, Debug)]
+struct Variant {
+    params: Params,
+    fuse: bool,
+    gemm: Gemm,
+}
+
+/// How a variant computes matrix products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gemm {
+    /// Library calls (torch, cuBLAS).
+    Library,
+    /// GEMM kernels with their epilogue fused; a product the template
+    /// refuses stays a library call.
+    Kernel,
+    /// GEMM kernels only (a program with no library, such as an intent's):
+    /// a refusal fails the variant.
+    KernelOnly,
+}
+
+const fn variant(block: u32, vector: u32, fuse: bool) -> Variant {
+    Variant {
+        params: Params { block, vector },
+        fuse,
+        gemm: Gemm::Library,
+    }
+}
+
 /// The variants the built-in search tries, in order: launch parameters,
-/// and whether pointwise chains are fused in front of the row kernels
-/// that read them (the last variant keeps them apart, in case a fused
-/// program is wrong).
-const VARIANTS: [(Params, bool); 5] = [
-    (
-        Params {
-            block: 256,
-            vector: 1,
-        },
-        true,
-    ),
-    (
-        Params {
-            block: 256,
-            vector: 4,
-        },
-        true,
-    ),
-    (
-        Params {
-            block: 512,
-            vector: 4,
-        },
-        true,
-    ),
-    (
-        Params {
-            block: 128,
-            vector: 4,
-        },
-        true,
-    ),
-    (
-        Params {
-            block: 256,
-            vector: 4,
-        },
-        false,
-    ),
+/// and chains fused in front of row kernels (the last keeps them apart, in
+/// case a fused program is wrong).
+const VARIANTS: [Variant; 5] = [
+    variant(256, 1, true),
+    variant(256, 4, true),
+    variant(512, 4, true),
+    variant(128, 4, true),
+    variant(256, 4, false),
 ];
+
+/// The variants for graph `g`: with matrix products, a CUDA ModelNew also
+/// tries them as GEMM kernels (after the library variants), and a program
+/// without library calls (`library: false`) computes them with kernels in
+/// every variant. Without regions (`no_regions`: nothing but products
+/// for kernels) launch parameters change nothing: one variant each.
+fn variants_for(g: &OpGraph, target: Target, library: bool, no_regions: bool) -> Vec<Variant> {
+    let products = g.nodes().any(|(_, n)| matches!(n.op, Op::MatMul(_)));
+    let mut v = if no_regions {
+        VARIANTS[..1].to_vec()
+    } else {
+        VARIANTS.to_vec()
+    };
+    if products && target == Target::Cuda {
+        if library {
+            v.push(Variant {
+                gemm: Gemm::Kernel,
+                ..v[v.len().min(2) - 1]
+            });
+        } else {
+            for x in &mut v {
+                x.gemm = Gemm::KernelOnly;
+            }
+        }
+    }
+    v
+}
 
 /// Runs the search and writes the best program.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
@@ -110,10 +137,9 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             }
             let g = mtmc_actions::intent::compile(text, bindings).context("in --intent")?;
             let regions = regions(&g, false)?;
-            if regions.is_empty() {
-                bail!(
-                    "the intent has nothing for a kernel: the native evaluator needs one (matmuls are library calls only in a ModelNew)"
-                );
+            let variants = variants_for(&g, Target::Cuda, false, regions.is_empty());
+            if regions.is_empty() && variants[0].gemm == Gemm::Library {
+                bail!("the intent has nothing for a kernel: the native evaluator needs one");
             }
             let problem = ProblemSource {
                 name: "intent".into(),
@@ -136,14 +162,14 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 "intent: {} kernel(s) for {} op(s); {} launch variants, {}",
                 regions.len(),
                 regions.iter().map(Vec::len).sum::<usize>(),
-                VARIANTS.len(),
+                variants.len(),
                 how("judged on the GPU against the f64 reference"),
             )?;
             let found = search(
                 out,
                 &g,
                 &regions,
-                &VARIANTS,
+                &variants,
                 Target::Cuda,
                 |program, label| {
                     let candidate = Candidate::Cuda {
@@ -304,11 +330,7 @@ pub fn optimize_problem(
             }
         };
         // Without kernels, the variants are one program.
-        let variants: &[(Params, bool)] = if regions.is_empty() {
-            &VARIANTS[..1]
-        } else {
-            &VARIANTS
-        };
+        let variants = &variants_for(graph, target, true, regions.is_empty())[..];
         let library = graph
             .nodes()
             .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
@@ -358,8 +380,7 @@ pub fn optimize_problem(
                         && !matches!(n.op, Op::Layout(Layout::Permute { .. }))
                         && !covered.contains(id)
                 })
-                .count()
-                .max(library);
+                .count();
             best = Some((ms, program, params, o, k));
         }
     }
@@ -476,7 +497,7 @@ fn search(
     out: &mut dyn std::io::Write,
     g: &OpGraph,
     regions: &[Vec<u32>],
-    variants: &[(Params, bool)],
+    variants: &[Variant],
     target: Target,
     mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
@@ -490,23 +511,25 @@ fn search(
     // its other launch variants are skipped; only the variant with the
     // pointwise chains kept apart is still tried, and after that nothing.
     let mut wrong_fused = false;
-    for &(params, fuse) in variants {
-        if wrong_fused && fuse {
+    for &Variant { params, fuse, gemm } in variants {
+        // A wrong GEMM kernel says nothing of the library variants.
+        if wrong_fused && fuse && gemm == Gemm::Library {
             continue;
         }
-        let label = if regions.is_empty() {
+        let label = if regions.is_empty() && gemm == Gemm::Library {
             "call-library (every op a torch call)".to_string()
         } else {
             format!(
-                "block={} vector={}{}",
+                "block={} vector={}{}{}",
                 params.block,
                 params.vector,
-                if fuse { "" } else { " unfused" }
+                if fuse { "" } else { " unfused" },
+                if gemm == Gemm::Library { "" } else { " gemm" }
             )
         };
         let built = match target {
-            Target::Cuda => build(g, regions, params, fuse, TemplateCoder, false),
-            Target::Triton => build(g, regions, params, fuse, TritonCoder, true),
+            Target::Cuda => build(g, regions, params, fuse, gemm, TemplateCoder, false),
+            Target::Triton => build(g, regions, params, fuse, gemm, TritonCoder, true),
         };
         let program = match built {
             Ok((p, refused)) => {
@@ -537,6 +560,13 @@ fn search(
                 continue;
             }
         };
+        if gemm == Gemm::Kernel && !program.fragments.iter().any(|f| f.name.ends_with("_gemm")) {
+            writeln!(
+                out,
+                "  {label}: no product became a kernel; the library variants cover this program"
+            )?;
+            continue;
+        }
         let o = judge(&program, &label)?;
         found.judged += 1;
         found.correct += usize::from(o.status == Status::Correct);
@@ -579,7 +609,7 @@ fn search(
                 writeln!(out, "  {label}: {}, rolled back: {first}", status.name())?;
             }
         }
-        let wrong = o.status == Status::Incorrect;
+        let wrong = o.status == Status::Incorrect && gemm != Gemm::Kernel;
         found
             .attempts
             .push(serde_json::json!({"params": params, "outcome": o}));
@@ -622,7 +652,13 @@ fn conclude(
     let what = if program.fragments.is_empty() {
         "every op a torch call".to_string()
     } else {
-        format!("block={} vector={}", params.block, params.vector)
+        let gemm = program.fragments.iter().any(|f| f.name.ends_with("_gemm"));
+        format!(
+            "block={} vector={}{}",
+            params.block,
+            params.vector,
+            if gemm { " gemm" } else { "" }
+        )
     };
     if ms.is_finite() {
         writeln!(
@@ -663,9 +699,17 @@ fn build<C: MicroCoder>(
     regions: &[Vec<u32>],
     params: Params,
     fuse: bool,
+    gemm: Gemm,
     coder: C,
     leave_refused: bool,
 ) -> Result<(Program, Vec<Failure>), Failure> {
+    let with_products;
+    let regions = if gemm == Gemm::Library {
+        regions
+    } else {
+        with_products = with_gemms(g, regions);
+        &with_products[..]
+    };
     let mut refused = Vec::new();
     let mut session = Session::new(g, coder, Arch::SM90);
     let action = |region: &[u32]| {
@@ -708,18 +752,67 @@ fn build<C: MicroCoder>(
         match session.propose(&action(&regions[k])) {
             Ok(next) => session.accept(next),
             Err(f) if leave_refused && f.stage == Stage::Refused => refused.push(f),
-            Err(f) => return Err(f),
+            Err(f) => {
+                // A product with its epilogue failed: the product alone,
+                // then the chain after it apart; with library calls
+                // allowed, a product no kernel computes stays one.
+                let [product, chain @ ..] = &regions[k][..] else {
+                    return Err(f);
+                };
+                if gemm == Gemm::Library || !is_product(g, *product) {
+                    return Err(f);
+                }
+                match session.propose(&action(&[*product])) {
+                    Ok(next) => session.accept(next),
+                    Err(f) if gemm == Gemm::Kernel => refused.push(f),
+                    Err(f) => return Err(f),
+                }
+                if !chain.is_empty() {
+                    match session.propose(&action(chain)) {
+                        Ok(next) => session.accept(next),
+                        Err(f) if leave_refused && f.stage == Stage::Refused => refused.push(f),
+                        Err(f) => return Err(f),
+                    }
+                }
+            }
         }
         k += 1;
     }
     Ok((session.good().clone(), refused))
 }
 
+/// Whether the node at `index` is a matrix product.
+fn is_product(g: &OpGraph, index: u32) -> bool {
+    matches!(g.node(NodeId::new(index as usize)).op, Op::MatMul(_))
+}
+
+/// `regions` with each matrix product added: at the head of the
+/// pointwise region that alone reads it (its epilogue), else as a region
+/// of its own; in graph order.
+fn with_gemms(g: &OpGraph, regions: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let mut out = regions.to_vec();
+    for (id, _) in g.nodes().filter(|(_, n)| matches!(n.op, Op::MatMul(_))) {
+        let index = id.index() as u32;
+        let readers = g.consumers(id);
+        let host = out.iter().position(|r| {
+            !r.iter().any(|&n| row_op(g, n) || is_product(g, n))
+                && !readers.is_empty()
+                && readers.iter().all(|c| r.contains(&(c.index() as u32)))
+        });
+        match host {
+            Some(k) if !g.outputs().iter().any(|t| t.node == id) => out[k].insert(0, index),
+            _ => out.push(vec![index]),
+        }
+    }
+    out.sort_by_key(|r| r.iter().copied().min());
+    out
+}
+
 /// The index of the region (right after `k`) holding the single row op
 /// that alone reads pointwise region `k`'s results.
 fn fusable(g: &OpGraph, regions: &[Vec<u32>], k: usize) -> Option<usize> {
     let region = &regions[k];
-    if region.iter().any(|&n| row_op(g, n)) {
+    if region.iter().any(|&n| row_op(g, n) || is_product(g, n)) {
         return None;
     }
     let next = k + 1;

@@ -184,6 +184,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         1
     };
     let launch = Launch {
+        shared: 0,
         grid: splits as u32,
         block,
         sizes: vec![items as i64, d as i64, splits as i64],

@@ -5,12 +5,15 @@
 //! few long rows split across blocks; layer, RMS, group, instance and
 //! batch norm; max and average pooling (1–3-d, and global); cumulative
 //! sums and products, forward or reverse; losses (mse, huber, smooth L1,
-//! cross-entropy, triplet margin) reduced to their mean or sum. Each family refuses,
+//! cross-entropy, triplet margin) reduced to their mean or sum; fp32
+//! matrix products on the tensor cores (3xTF32) with a pointwise chain
+//! fused after them. Each family refuses,
 //! with the reason, what it cannot write.
 //!
 //! Triton (`triton::TritonCoder`): pointwise chains, row reductions,
 //! softmax, global pooling and layer / RMS / group / instance norm.
 
+mod gemm;
 mod loss;
 mod pointwise;
 mod pool;
@@ -200,7 +203,13 @@ impl MicroCoder for TemplateCoder {
         let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_))) && !rows;
         let scan = matches!(single, Some(Op::Scan(_)));
         let loss = matches!(single, Some(Op::Loss(_)));
-        let family = if rows || norm {
+        let gemm = action
+            .nodes()
+            .first()
+            .is_some_and(|&n| matches!(g.node(n).op, Op::MatMul(_)));
+        let family = if gemm {
+            "gemm"
+        } else if rows || norm {
             "rows"
         } else if pool {
             "pool"
@@ -233,7 +242,9 @@ impl MicroCoder for TemplateCoder {
                         .ok_or_else(|| Refusal::new("no kernel covers this region yet"))?,
                     _ => name,
                 };
-                if pool {
+                if gemm {
+                    gemm::generate(g, action, &name)
+                } else if pool {
                     pool::generate(g, action, &name)
                 } else if scan {
                     scan::generate(g, action, &name)

@@ -199,6 +199,24 @@ pub struct Prologue {
     pub output: TensorRef,
 }
 
+/// Refuses a chain with an op other than float32 unary, binary and
+/// scalar ops, which a chain fused `place` a kernel is made of.
+fn fusable_chain(g: &OpGraph, chain: &[NodeId], place: &str) -> Result<(), Refusal> {
+    for &n in chain {
+        let node = g.node(n);
+        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. }) {
+            return Err(Refusal::new(format!(
+                "`{}` ({}) cannot be fused {place} a kernel",
+                node.name, node.op
+            )));
+        }
+        if node.outputs[0].dtype != DType::F32 {
+            return Err(Refusal::new(format!("`{}` is not float32", node.name)));
+        }
+    }
+    Ok(())
+}
+
 /// The prologue for `chain`, whose only result must be read by nothing
 /// but the kernel it is fused into.
 pub fn prologue(
@@ -207,18 +225,7 @@ pub fn prologue(
     reader: NodeId,
     name: &str,
 ) -> Result<Prologue, Refusal> {
-    for &n in chain {
-        let node = g.node(n);
-        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. }) {
-            return Err(Refusal::new(format!(
-                "`{}` ({}) cannot be fused in front of a kernel",
-                node.name, node.op
-            )));
-        }
-        if node.outputs[0].dtype != DType::F32 {
-            return Err(Refusal::new(format!("`{}` is not float32", node.name)));
-        }
-    }
+    fusable_chain(g, chain, "in front of")?;
     let (inputs, outputs) = boundary(g, chain);
     let read_elsewhere = chain.iter().any(|&n| {
         g.consumers(n)
@@ -262,10 +269,32 @@ pub fn prologue(
         "__device__ __forceinline__ float {name}_x(long long i, {}) {{",
         params.join(", ")
     );
+    src += &chain_lines(g, chain, &inputs, None, "px", &full)?;
+    let _ = writeln!(src, "    return t{};\n}}", output.node.index());
+    Ok(Prologue {
+        source: src,
+        inputs,
+        output,
+    })
+}
+
+/// The body of a device function computing element `i` of `chain`'s
+/// values at the flat offsets of `full`: input `k` read through pointer
+/// `{ptr}{k}`, except `given`, whose value is `v`; node `n`'s value is
+/// `t{n}`.
+fn chain_lines(
+    g: &OpGraph,
+    chain: &[NodeId],
+    inputs: &[TensorRef],
+    given: Option<TensorRef>,
+    ptr: &str,
+    full: &[u64],
+) -> Result<String, Refusal> {
+    let mut src = String::new();
     let mut coords = HashSet::new();
     let offsets: Vec<String> = inputs
         .iter()
-        .map(|&t| offset(&shape(g, t), &full, &mut coords))
+        .map(|&t| offset(&shape(g, t), full, &mut coords))
         .collect();
     let mut coords: Vec<usize> = coords.into_iter().collect();
     coords.sort_unstable();
@@ -274,18 +303,92 @@ pub fn prologue(
         let _ = writeln!(src, "    long long c{d} = (i / {inner}LL) % {}LL;", full[d]);
     }
     let mut names: HashMap<TensorRef, String> = HashMap::new();
+    if let Some(t) = given {
+        names.insert(t, "v".into());
+    }
     for (k, (&t, off)) in inputs.iter().zip(&offsets).enumerate() {
-        let _ = writeln!(src, "    float v{k} = px{k}[{off}];");
+        let _ = writeln!(src, "    float v{k} = {ptr}{k}[{off}];");
         names.insert(t, format!("v{k}"));
     }
     for &n in chain {
         let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
         let var = format!("t{}", n.index());
-        let _ = writeln!(src, "    float {var} = {};", node_expr(g, n, &ins, &full)?);
+        let _ = writeln!(src, "    float {var} = {};", node_expr(g, n, &ins, full)?);
         names.insert(TensorRef::first(n), var);
     }
-    let _ = writeln!(src, "    return {};\n}}", names[&output]);
-    Ok(Prologue {
+    Ok(src)
+}
+
+/// A pointwise chain fused after a kernel whose result `given` it reads:
+/// a device function `{name}_e(i, v, pe0, …)` computing element `i` of
+/// the chain's result from `v`, element `i` of `given`, and the chain's
+/// other inputs (`pe0`, … in order).
+pub struct Epilogue {
+    /// The device function's source.
+    pub source: String,
+    /// The chain's inputs other than `given`, in parameter order.
+    pub inputs: Vec<TensorRef>,
+    /// The chain's result, which the fused kernel writes.
+    pub output: TensorRef,
+}
+
+/// The epilogue for `chain` (in order) after the kernel computing
+/// `given`, which only the chain reads; the chain's one result has
+/// `given`'s shape.
+pub fn epilogue(
+    g: &OpGraph,
+    chain: &[NodeId],
+    given: TensorRef,
+    name: &str,
+) -> Result<Epilogue, Refusal> {
+    fusable_chain(g, chain, "after")?;
+    if g.outputs().contains(&given) || g.consumers(given.node).iter().any(|c| !chain.contains(c)) {
+        return Err(Refusal::new(format!(
+            "`{}` is read outside the chain fused after it",
+            g.node(given.node).name
+        )));
+    }
+    let (inputs, outputs) = boundary(g, chain);
+    let full = shape(g, given);
+    let &[output] = &outputs[..] else {
+        return Err(Refusal::new(
+            "a fused epilogue must have one result (the others are read elsewhere)",
+        ));
+    };
+    if shape(g, output) != full {
+        return Err(Refusal::new(format!(
+            "the epilogue's result {} does not have the shape of what it follows",
+            g.tensor(output)
+        )));
+    }
+    let inputs: Vec<TensorRef> = inputs.into_iter().filter(|&t| t != given).collect();
+    for &t in &inputs {
+        if g.tensor(t).dtype != DType::F32 || !broadcasts(&shape(g, t), &full) {
+            return Err(Refusal::new(format!(
+                "input `{}` is not a float32 tensor that broadcasts to {:?}",
+                g.node(t.node).name,
+                full
+            )));
+        }
+    }
+    let params: Vec<String> = ["long long i".to_string(), "float v".to_string()]
+        .into_iter()
+        .chain((0..inputs.len()).map(|k| format!("const float* __restrict__ pe{k}")))
+        .collect();
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}_e: {} pointwise op(s) fused after {name}",
+        chain.len()
+    );
+    let _ = writeln!(
+        src,
+        "__device__ __forceinline__ float {name}_e({}) {{",
+        params.join(", ")
+    );
+    src += &chain_lines(g, chain, &inputs, Some(given), "pe", &full)?;
+    let _ = writeln!(src, "    return t{};\n}}", output.node.index());
+    Ok(Epilogue {
         source: src,
         inputs,
         output,
@@ -573,6 +676,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         outputs,
         region,
         launch: Launch {
+            shared: 0,
             grid,
             block,
             sizes: vec![numel as i64],

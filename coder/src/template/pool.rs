@@ -208,6 +208,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     src.push_str("    }\n}\n");
     let launch = Launch {
+        shared: 0,
         grid: numel.div_ceil(u64::from(block)).clamp(1, WAVES) as u32,
         block,
         sizes: vec![numel as i64],

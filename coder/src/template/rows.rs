@@ -207,6 +207,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             .max(1);
         let src = split_rows(name, kind, monoid, outer, k, splits, &finish);
         let launch = Launch {
+            shared: 0,
             grid: (outer * splits) as u32,
             block,
             sizes: vec![outer as i64, k as i64, splits as i64],
@@ -325,6 +326,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         per_line_launch(outer, k, inner, block)
     };
     let launch = Launch {
+        shared: 0,
         grid: grid as u32,
         block,
         sizes,
@@ -537,6 +539,7 @@ fn arg_rows(
         per_line_launch(outer, k, inner, block)
     };
     let launch = Launch {
+        shared: 0,
         grid: grid as u32,
         block,
         sizes,
@@ -818,6 +821,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     );
     src.push_str("    }\n}\n");
     let launch = Launch {
+        shared: 0,
         grid: rows.clamp(1, WAVES * 2) as u32,
         block,
         sizes: vec![rows as i64, k as i64],
@@ -990,6 +994,7 @@ impl SplitNorm {
             "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ long long at = {address}; y[at] = (LOAD_X(at) - mean) * rstd{scale}{shift}; }}\n}}"
         );
         let launch = Launch {
+            shared: 0,
             grid: (groups * splits) as u32,
             block: action.params.block,
             sizes: vec![groups as i64, count as i64, splits as i64],
@@ -1139,6 +1144,7 @@ fn batch_norm(
         c.div_ceil(32).clamp(1, WAVES * 2)
     };
     let launch = Launch {
+        shared: 0,
         grid: grid as u32,
         block,
         sizes: vec![n as i64, c as i64, spatial as i64],

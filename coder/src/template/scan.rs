@@ -116,6 +116,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         per_line_launch(outer, k, inner, block)
     };
     let launch = Launch {
+        shared: 0,
         grid: grid as u32,
         block,
         sizes,

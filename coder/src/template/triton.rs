@@ -476,6 +476,7 @@ fn pointwise(g: &OpGraph, action: &Action, name: &str, warps: u32) -> Result<Fra
         outputs,
         region,
         launch: Launch {
+            shared: 0,
             grid: grid(numel.div_ceil(block))?,
             block: warps * 32,
             sizes: vec![numel as i64],
@@ -889,6 +890,7 @@ fn node_fragment(
         outputs: vec![TensorRef::first(node)],
         region: vec![node],
         launch: Launch {
+            shared: 0,
             grid: programs,
             block: 0,
             sizes,

@@ -8,6 +8,7 @@ use mtmc_coder::program::{Fragment, Program};
 use mtmc_coder::template::{Refusal, TemplateCoder};
 
 /// The graph of a built-in KernelBench trace.
+#[allow(dead_code)]
 pub fn traced(level: u64, name: &str) -> OpGraph {
     let traces = include_str!("../../../traces/kernelbench.jsonl");
     let line = traces
@@ -36,4 +37,19 @@ pub fn realize_first(g: &OpGraph, is: impl Fn(&Op) -> bool) -> Result<Fragment, 
         params: Params::default(),
     };
     TemplateCoder.realize(&Program::default(), g, &action)
+}
+
+/// Asserts that the fragment compiles with NVRTC for sm_90.
+#[allow(dead_code)]
+#[track_caller]
+pub fn compiles(f: &Fragment, what: &str) {
+    let r = mtmc_env::nvrtc::compile(
+        &mtmc_env::nvrtc::CompileUnit {
+            name: "k.cu".into(),
+            source: f.source.clone(),
+        },
+        mtmc_env::nvrtc::Arch::SM90,
+    )
+    .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
+    assert!(r.ok, "{what}: {}\n{}", r.log, f.source);
 }

@@ -427,6 +427,21 @@ fn run(
                     ),
                 )
             })?;
+            // Past 48 KiB of dynamic shared memory a kernel opts in.
+            let shared = p.dynamic_shared(&l.kernel);
+            if shared > 48 * 1024 {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )
+                .map_err(|e| {
+                    judged(
+                        o,
+                        Status::RuntimeError,
+                        format!("`{}` cannot have {shared} bytes of shared memory: {e:?}", l.kernel),
+                    )
+                })?;
+            }
             functions.insert(l.kernel.clone(), f);
         }
     }

@@ -1,0 +1,102 @@
+//! The GEMM family, compiled with real NVRTC: both operand layouts each,
+//! batches, a bias and a pointwise chain fused after the product, and the
+//! products it refuses.
+
+use mtmc_actions::DType;
+use mtmc_actions::graph::OpGraph;
+use mtmc_actions::intent::{Bindings, compile, parse_shapes};
+use mtmc_actions::op::Op;
+use mtmc_coder::MicroCoder;
+use mtmc_coder::action::{Action, ActionKind, Params};
+use mtmc_coder::program::{Fragment, Program};
+use mtmc_coder::template::{Refusal, TemplateCoder};
+
+mod common;
+use common::compiles;
+
+fn graph(src: &str, shapes: &str) -> OpGraph {
+    let b = Bindings {
+        shapes: parse_shapes(shapes).unwrap(),
+        dtype: Some(DType::F32),
+    };
+    compile(src, &b).unwrap()
+}
+
+/// The product and every pointwise op after it, as one fused region.
+fn realize(g: &OpGraph) -> Result<Fragment, Refusal> {
+    let product = g
+        .nodes()
+        .find(|(_, n)| matches!(n.op, Op::MatMul(_)))
+        .map(|(id, _)| id)
+        .expect("a matrix product");
+    let mut region = vec![product.index() as u32];
+    region.extend(
+        g.nodes()
+            .filter(|(id, n)| id.index() > product.index() && !n.op.is_source())
+            .map(|(id, _)| id.index() as u32),
+    );
+    let action = Action {
+        kind: if region.len() == 1 {
+            ActionKind::CustomKernel
+        } else {
+            ActionKind::Fuse
+        },
+        region,
+        params: Params::default(),
+    };
+    TemplateCoder.realize(&Program::default(), g, &action)
+}
+
+#[test]
+fn every_layout_and_batches_compile_with_the_epilogue_fused() {
+    for (src, shapes, inputs) in [
+        ("y = x @ w", "x=256x512,w=512x384", 2),
+        ("y = x @ w.T", "x=256x512,w=384x512", 2),
+        ("y = x.T @ w", "x=512x256,w=512x384", 2),
+        ("y = x.T @ w.T", "x=512x256,w=384x512", 2),
+        ("y = a @ b", "a=4x128x64,b=4x64x96", 2),
+        ("y = a @ w", "a=4x128x64,w=64x96", 2),
+        ("y = relu(x @ w + b)", "x=256x512,w=512x384,b=384", 3),
+        ("y = tanh(x @ w.T) * s - 0.5", "x=100x64,w=200x64,s=200", 3),
+    ] {
+        let g = graph(src, shapes);
+        let f = realize(&g).unwrap_or_else(|r| panic!("{src}: refused: {r}"));
+        compiles(&f, src);
+        assert_eq!(f.inputs.len(), inputs, "{src}");
+        assert_eq!(f.outputs, g.outputs(), "{src}: writes the chain's result");
+        assert!(f.source.contains("mma.sync.aligned.m16n8k8"), "{src}");
+        // Three slices in flight pass the 48 KiB a kernel gets unasked.
+        assert!(f.launch.shared > 48 * 1024, "{src}");
+        assert_eq!(f.launch.block, 128);
+    }
+    // A batch of row-major A times one B is one taller product: tiles of
+    // 128 rows over all 4 * 128 rows.
+    let g = graph("y = a @ w", "a=4x128x64,w=64x256");
+    assert_eq!(realize(&g).unwrap().launch.grid, 4 * 2);
+    // A batched product: one set of tiles per batch.
+    let g = graph("y = a @ b", "a=3x128x64,b=3x64x256");
+    assert_eq!(realize(&g).unwrap().launch.grid, 3 * 2);
+}
+
+#[test]
+fn products_it_cannot_write_are_refused_with_the_reason() {
+    for (src, shapes, why) in [
+        ("y = x @ w", "x=64x30,w=30x64", "not a multiple of 4"),
+        ("y = x @ w", "x=256x524288,w=524288x256", "split over K"),
+        ("y = a @ b", "a=2x3x64x32,b=3x32x64", "broadcast"),
+    ] {
+        let g = graph(src, shapes);
+        let r = realize(&g).expect_err(src);
+        assert!(r.to_string().contains(why), "{src}: {r}");
+    }
+    // A chain whose intermediate is read elsewhere has two results.
+    let g = graph(
+        "h = x @ w; y = relu(h + 1.0); z = h + 1.0",
+        "x=64x64,w=64x64",
+    );
+    let r = realize(&g).expect_err("two results");
+    assert!(
+        r.to_string().contains("read outside") || r.to_string().contains("one result"),
+        "{r}"
+    );
+}

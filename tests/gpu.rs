@@ -1,0 +1,57 @@
+//! GPU tests, opt-in with `MTMC_GPU=1` (on a machine with a CUDA GPU and
+//! `libcuda`/`libnvrtc` on the library path): intents optimized and judged
+//! on the GPU against the f64 reference, one per kernel family that runs
+//! natively, GEMM kernels in each operand layout among them.
+
+#[allow(dead_code)]
+mod common;
+use common::mtmc;
+
+fn gpu() -> bool {
+    if std::env::var_os("MTMC_GPU").is_some() {
+        return true;
+    }
+    eprintln!("skipped: set MTMC_GPU=1 on a machine with a GPU");
+    false
+}
+
+#[test]
+fn intents_are_correct_on_the_gpu_in_every_family() {
+    if !gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (intent, shapes) in [
+        ("y = gelu(x * s + b) - 0.5 * x", "x=4096x1024,s=1024,b=1024"),
+        ("y = softmax(x, dim=1)", "x=4096x1000"),
+        ("y = sum(x, dim=0)", "x=2048x512"),
+        ("y = logsumexp(exp(x) + 1.0, dim=1)", "x=512x8192"),
+        ("y = relu(x @ w + b)", "x=1024x512,w=512x768,b=768"),
+        ("y = x @ w.T", "x=1000x256,w=600x256"),
+        ("y = x.T @ w", "x=256x512,w=256x384"),
+        ("y = x.T @ w.T", "x=256x512,w=384x256"),
+        ("y = tanh(a @ b) * 2.0", "a=8x128x256,b=8x256x192"),
+    ] {
+        let out_dir = dir.path().join("out");
+        let out = mtmc(&[
+            "optimize",
+            "--intent",
+            intent,
+            "--shape",
+            shapes,
+            "--out",
+            out_dir.to_str().unwrap(),
+        ])
+        .success();
+        let s = &out.stdout;
+        assert!(
+            s.contains("judged on the GPU against the f64 reference"),
+            "{intent}: {s}"
+        );
+        assert!(s.contains(": correct, "), "{intent}: {s}");
+        assert!(!s.contains("incorrect"), "{intent}: {s}");
+        if intent.contains('@') {
+            assert!(s.contains(" gemm: correct"), "{intent}: {s}");
+        }
+    }
+}
