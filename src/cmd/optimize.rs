@@ -512,8 +512,10 @@ fn search(
     // pointwise chains kept apart is still tried, and after that nothing.
     let mut wrong_fused = false;
     for &Variant { params, fuse, gemm } in variants {
-        // A wrong GEMM kernel says nothing of the library variants.
-        if wrong_fused && fuse && gemm == Gemm::Library {
+        // The GEMM variant after the library ones computes products anew:
+        // it is tried even when those were wrong, and its verdict says
+        // nothing of them.
+        if wrong_fused && fuse && gemm != Gemm::Kernel {
             continue;
         }
         let label = if regions.is_empty() && gemm == Gemm::Library {
