@@ -22,6 +22,13 @@ pub struct Launch {
     pub shared: u32,
 }
 
+impl Launch {
+    /// Warps per block (a Triton program's `num_warps`): at least one.
+    pub fn warps(&self) -> u32 {
+        (self.block / 32).max(1)
+    }
+}
+
 /// The language a fragment is written in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

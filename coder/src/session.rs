@@ -173,6 +173,6 @@ pub fn triton_unit(g: &OpGraph, f: &Fragment) -> TritonUnit {
         kernel: f.name.clone(),
         source: f.source.clone(),
         signature,
-        num_warps: (f.launch.block / 32).max(1),
+        num_warps: f.launch.warps(),
     }
 }

@@ -100,9 +100,12 @@ fn variants_for(g: &OpGraph, target: Target, library: bool, no_regions: bool) ->
     };
     if products && target == Target::Cuda {
         if library {
+            // At the launch parameters of the second library variant (of
+            // the only one without regions).
+            let base = if no_regions { VARIANTS[0] } else { VARIANTS[1] };
             v.push(Variant {
                 gemm: Gemm::Kernel,
-                ..v[v.len().min(2) - 1]
+                ..base
             });
         } else {
             for x in &mut v {
@@ -562,7 +565,7 @@ fn search(
                 continue;
             }
         };
-        if gemm == Gemm::Kernel && !program.fragments.iter().any(|f| f.name.ends_with("_gemm")) {
+        if gemm == Gemm::Kernel && !has_gemm(&program) {
             writeln!(
                 out,
                 "  {label}: no product became a kernel; the library variants cover this program"
@@ -654,12 +657,11 @@ fn conclude(
     let what = if program.fragments.is_empty() {
         "every op a torch call".to_string()
     } else {
-        let gemm = program.fragments.iter().any(|f| f.name.ends_with("_gemm"));
         format!(
             "block={} vector={}{}",
             params.block,
             params.vector,
-            if gemm { " gemm" } else { "" }
+            if has_gemm(&program) { " gemm" } else { "" }
         )
     };
     if ms.is_finite() {
@@ -781,6 +783,12 @@ fn build<C: MicroCoder>(
         k += 1;
     }
     Ok((session.good().clone(), refused))
+}
+
+/// Whether a fragment of `program` computes a matrix product (the GEMM
+/// family's kernels are named `k{n}_gemm`).
+fn has_gemm(program: &Program) -> bool {
+    program.fragments.iter().any(|f| f.name.ends_with("_gemm"))
 }
 
 /// Whether the node at `index` is a matrix product.

@@ -867,8 +867,8 @@ fn rows(
 }
 
 /// The fragment of a kernel computing the one node `node`: a custom kernel
-/// on that node, `programs` programs with the launch's warps left to the
-/// kernel's source.
+/// on that node, `programs` programs; the launch's warps are set by
+/// `realize`, from the action.
 fn node_fragment(
     name: &str,
     node: NodeId,
