@@ -31,11 +31,19 @@ struct Cli {
 #[derive(clap::Args)]
 struct SubjectArgs {
     /// A problem: `L2/1`, `L2/1_Conv2D_ReLU_BiasAdd` or a file name.
-    #[arg(required_unless_present_any = ["intent", "intent_file"], conflicts_with_all = ["intent", "intent_file"])]
+    #[arg(required_unless_present_any = ["intent", "intent_file", "intent_text"], conflicts_with_all = ["intent", "intent_file", "intent_text"])]
     problem: Option<String>,
     /// An intent program, e.g. "y = gelu(x @ w + b)"; `;` separates statements.
-    #[arg(long, conflicts_with = "intent_file")]
+    #[arg(long, conflicts_with_all = ["intent_file", "intent_text"])]
     intent: Option<String>,
+    /// A description in words ("batched matmul 32x512x512 then softmax over
+    /// the last dim"), turned into an intent program by the configured LLM
+    /// (`mtmc optimize` only).
+    #[arg(long, conflicts_with = "intent_file", value_name = "TEXT")]
+    intent_text: Option<String>,
+    /// Where to save the intent program written from --intent-text.
+    #[arg(long, value_name = "FILE", requires = "intent_text")]
+    save_intent: Option<PathBuf>,
     /// A file holding an intent program.
     #[arg(long, value_name = "FILE")]
     intent_file: Option<PathBuf>,
@@ -45,6 +53,15 @@ struct SubjectArgs {
     /// Element type of undeclared intent inputs (f16, bf16, f32, f64).
     #[arg(long, default_value = "f32")]
     dtype: String,
+}
+
+/// Who writes the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum CoderKind {
+    /// Rules, no network.
+    Template,
+    /// A model behind an OpenAI-compatible or Anthropic endpoint.
+    Llm,
 }
 
 #[derive(Subcommand)]
@@ -134,6 +151,44 @@ enum Command {
         /// what the Triton coder has no template for stays torch calls).
         #[arg(long, value_enum, default_value = "cuda")]
         target: cmd::bench::Target,
+        /// Who writes the kernels: the template coder, or an LLM (configure
+        /// it with --llm-config or the flags below; see the README).
+        #[arg(long, value_enum, default_value = "template")]
+        coder: CoderKind,
+        /// Who writes the critique of each outcome for the LLM coder.
+        #[arg(long, value_enum, default_value = "rules")]
+        critic: cmd::optimize::Critic,
+        /// Repair steps per region for the LLM coder (fix compile, fix correctness).
+        #[arg(long, default_value_t = 2)]
+        repairs: u32,
+        /// Print the critique of every step.
+        #[arg(short, long)]
+        verbose: bool,
+        #[command(flatten)]
+        llm: cmd::llm::LlmArgs,
+    },
+    /// Send one tiny request to the configured LLM endpoint and say what
+    /// works: reachable, model listed, reply in the expected JSON, latency.
+    LlmCheck {
+        #[command(flatten)]
+        llm: cmd::llm::LlmArgs,
+    },
+    /// Serve one reply (a file's text) to every completion request on
+    /// 127.0.0.1, as an OpenAI-compatible or Anthropic endpoint: a stand-in
+    /// for end-to-end runs without a model.
+    LlmReplay {
+        /// The reply text.
+        #[arg(long, value_name = "FILE")]
+        reply: PathBuf,
+        /// Port (0: any free one; the URL is printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Wire format: openai or anthropic.
+        #[arg(long, default_value = "openai")]
+        provider: String,
+        /// The model it lists.
+        #[arg(long, default_value = "replay")]
+        model: String,
     },
     /// Optimize a set of KernelBench problems and print KernelBench's
     /// metrics: correctness, fast_0/1/2, geomean speedup over eager and
@@ -200,14 +255,26 @@ impl SubjectArgs {
                 name,
             });
         }
-        let (text, origin) = match (&self.intent, &self.intent_file) {
-            (Some(t), _) => (t.clone(), "--intent".to_string()),
-            (None, Some(f)) => (
+        if self.intent_text.is_some() {
+            anyhow::bail!(
+                "--intent-text is turned into an intent by the LLM in `mtmc optimize` only; here, write the intent with --intent"
+            );
+        }
+        self.resolve_text(None)
+    }
+
+    /// The subject with its intent text given (`Some`: one written from
+    /// --intent-text) or from the flags.
+    fn resolve_text(&self, written: Option<String>) -> Result<cmd::show::Subject<'_>> {
+        let (text, origin) = match (written, &self.intent, &self.intent_file) {
+            (Some(t), _, _) => (t, "--intent-text".to_string()),
+            (None, Some(t), _) => (t.clone(), "--intent".to_string()),
+            (None, None, Some(f)) => (
                 std::fs::read_to_string(f)
                     .with_context(|| format!("cannot read intent file `{}`", f.display()))?,
                 format!("{}", f.display()),
             ),
-            (None, None) => unreachable!("clap requires a problem or an intent"),
+            (None, None, None) => unreachable!("clap requires a problem or an intent"),
         };
         let shapes = match &self.shape {
             Some(s) => mtmc_actions::intent::parse_shapes(s)?,
@@ -281,8 +348,50 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             out: out_dir,
             timeout,
             target,
+            coder,
+            critic,
+            repairs,
+            verbose,
+            llm,
         } => {
-            let subject = subject.resolve(kb)?;
+            if coder == CoderKind::Template && critic != cmd::optimize::Critic::Rules {
+                anyhow::bail!(
+                    "--critic {critic:?} steers the LLM coder: add --coder llm (the template coder takes no critique)"
+                );
+            }
+            let needs_llm = coder == CoderKind::Llm || subject.intent_text.is_some();
+            let client =
+                if needs_llm {
+                    Some(llm.client(&cmd::llm::run_id()).context(
+                        "--coder llm, --critic llm and --intent-text need an LLM endpoint",
+                    )?)
+                } else {
+                    None
+                };
+            let subject = match (&subject.intent_text, &client) {
+                (Some(words), Some(c)) => {
+                    let program = cmd::llm::intent_from_text(c, words)?;
+                    writeln!(out, "intent written from the text:\n{program}")?;
+                    if let Some(path) = &subject.save_intent {
+                        std::fs::write(path, &program)
+                            .with_context(|| format!("cannot write `{}`", path.display()))?;
+                        writeln!(out, "saved to {}", path.display())?;
+                    }
+                    subject.resolve_text(Some(program))?
+                }
+                _ => subject.resolve(kb)?,
+            };
+            let coder = match (coder, client) {
+                (CoderKind::Llm, Some(client)) => {
+                    cmd::optimize::Coder::Llm(cmd::optimize::LlmRun {
+                        client,
+                        critic,
+                        repairs,
+                        verbose,
+                    })
+                }
+                _ => cmd::optimize::Coder::Template,
+            };
             cmd::optimize::run(
                 out,
                 cmd::optimize::Request {
@@ -290,9 +399,17 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     out_dir: &out_dir,
                     timeout: std::time::Duration::from_secs(timeout),
                     target,
+                    coder,
                 },
             )
         }
+        Command::LlmCheck { llm } => cmd::llm::check(out, &llm),
+        Command::LlmReplay {
+            reply,
+            port,
+            provider,
+            model,
+        } => cmd::llm::replay(out, port, &reply, &provider, &model),
         Command::Bench {
             problems,
             levels,

@@ -269,6 +269,8 @@ fn help_lists_only_working_commands() {
             "compile",
             "eval",
             "optimize",
+            "llm-check",
+            "llm-replay",
             "bench",
             "bench-env",
             "doctor",

@@ -19,6 +19,12 @@ pub enum ActionKind {
     Retile,
     /// Vectorize an existing kernel's loads and stores.
     Vectorize,
+    /// Repair a kernel that did not compile, given the compiler log (LLM
+    /// coder).
+    FixCompile,
+    /// Repair a kernel whose results were wrong, given the verdict (LLM
+    /// coder).
+    FixCorrectness,
 }
 
 impl ActionKind {

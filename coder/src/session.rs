@@ -69,6 +69,11 @@ impl<'g, C: MicroCoder> Session<'g, C> {
         self
     }
 
+    /// The coder.
+    pub fn coder(&self) -> &C {
+        &self.coder
+    }
+
     /// The last good program.
     pub fn good(&self) -> &Program {
         &self.good
@@ -131,6 +136,7 @@ impl<'g, C: MicroCoder> Session<'g, C> {
             log,
         };
         self.failures.push(f.clone());
+        self.coder.observe(&crate::Note::Failed(&f));
         f
     }
 }

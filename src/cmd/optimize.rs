@@ -42,6 +42,40 @@ pub struct Request<'a> {
     pub timeout: Duration,
     /// The code to write.
     pub target: Target,
+    /// Which coder writes it.
+    pub coder: Coder,
+}
+
+/// Which coder writes the kernels.
+pub enum Coder {
+    /// The template coder (rules, no network), with the built-in variant
+    /// search.
+    Template,
+    /// The LLM coder, a step at a time.
+    Llm(LlmRun),
+}
+
+/// How the LLM coder runs.
+pub struct LlmRun {
+    /// The endpoint's client.
+    pub client: std::sync::Arc<mtmc_llm::Client>,
+    /// Who writes the critique of each outcome.
+    pub critic: Critic,
+    /// Repair steps allowed per region (fix compile, fix correctness).
+    pub repairs: u32,
+    /// Print each step's critique.
+    pub verbose: bool,
+}
+
+/// Who writes the critique of an outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Critic {
+    /// The rule-based diagnosis.
+    Rules,
+    /// A model's diagnosis (the LLM endpoint).
+    Llm,
+    /// Both, the model's passed to the coder; the report keeps both.
+    Both,
 }
 
 /// One program the built-in search builds: launch parameters, whether
@@ -139,7 +173,11 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 );
             }
             let g = mtmc_actions::intent::compile(text, bindings).context("in --intent")?;
-            let regions = regions(&g, false)?;
+            let llm = match &req.coder {
+                Coder::Llm(l) => Some(l),
+                Coder::Template => None,
+            };
+            let regions = regions(&g, false, llm.is_some())?;
             let variants = variants_for(&g, Target::Cuda, false, regions.is_empty());
             if regions.is_empty() && variants[0].gemm == Gemm::Library {
                 bail!("the intent has nothing for a kernel: the native evaluator needs one");
@@ -168,26 +206,23 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 variants.len(),
                 how("judged on the GPU against the f64 reference"),
             )?;
-            let found = search(
-                out,
-                &g,
-                &regions,
-                &variants,
-                Target::Cuda,
-                |program, label| {
-                    let candidate = Candidate::Cuda {
-                        name: label.to_string(),
-                        program: to_cuda_program(&g, program).map_err(anyhow::Error::msg)?,
-                    };
-                    let mut o = if gpu {
-                        runtime.block_on(native.evaluate(&problem, &candidate))?
-                    } else {
-                        runtime.block_on(compile_only.evaluate(&problem, &candidate))?
-                    };
-                    add_roofline(&mut o, &g, &specs);
-                    Ok(o)
-                },
-            )?;
+            let judge = |program: &Program, label: &str| {
+                let candidate = Candidate::Cuda {
+                    name: label.to_string(),
+                    program: to_cuda_program(&g, program).map_err(anyhow::Error::msg)?,
+                };
+                let mut o = if gpu {
+                    runtime.block_on(native.evaluate(&problem, &candidate))?
+                } else {
+                    runtime.block_on(compile_only.evaluate(&problem, &candidate))?
+                };
+                add_roofline(&mut o, &g, &specs);
+                Ok(o)
+            };
+            let found = match llm {
+                Some(l) => llm_search(out, &g, &regions, l, true, judge)?,
+                None => search(out, &g, &regions, &variants, Target::Cuda, judge)?,
+            };
             let wrote = conclude(out, req.out_dir, text, found, |program| {
                 let cuda = to_cuda_program(&g, program).map_err(anyhow::Error::msg)?;
                 write(req.out_dir, "program.cu", &cuda.source)?;
@@ -214,7 +249,19 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
             let mut judge = ProblemJudge::new(gpu, req.timeout, true);
-            let summary = optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?;
+            let summary = match &req.coder {
+                Coder::Template => {
+                    optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?
+                }
+                Coder::Llm(l) => {
+                    if req.target == Target::Triton {
+                        bail!(
+                            "--coder llm writes CUDA kernels; use --target cuda (the template coder writes Triton)"
+                        );
+                    }
+                    optimize_problem_llm(out, p, &g, &mut judge, req.out_dir, l)?
+                }
+            };
             if summary.best.is_none() {
                 bail!(
                     "no variant was correct; the attempts are in {}",
@@ -292,17 +339,8 @@ pub fn optimize_problem(
     out_dir: &Path,
     target: Target,
 ) -> Result<Summary> {
-    if p.code.is_empty() {
-        bail!(
-            "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
-        );
-    }
+    let problem = problem_source(p)?;
     let specs = builtin_devices();
-    let problem = ProblemSource {
-        name: format!("{}.py", p.name),
-        code: p.code.clone(),
-        graph: None,
-    };
     // The graph as traced, then (when a rewrite applies) the rewritten
     // one: each judged against the PyTorch model like any other step.
     let mut graphs: Vec<(OpGraph, Option<String>)> = vec![(g.clone(), None)];
@@ -322,7 +360,7 @@ pub fn optimize_problem(
     let mut best: Option<(f64, Program, Params, Outcome, usize)> = None;
     let mut not_covered = None;
     for (k, (graph, rewrites)) in graphs.iter().enumerate() {
-        let regions = match regions(graph, true) {
+        let regions = match regions(graph, true, false) {
             Ok(r) => r,
             Err(e) => {
                 if let Some(names) = rewrites {
@@ -445,6 +483,21 @@ pub fn optimize_problem(
         })
     })?;
     Ok(summary)
+}
+
+/// The problem as the worker takes it; an error when its code is missing
+/// (a built-in trace only), which a ModelNew needs.
+fn problem_source(p: &mtmc_actions::problem::Problem) -> Result<ProblemSource> {
+    if p.code.is_empty() {
+        bail!(
+            "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+        );
+    }
+    Ok(ProblemSource {
+        name: format!("{}.py", p.name),
+        code: p.code.clone(),
+        graph: None,
+    })
 }
 
 /// Judges one program of problem `code`'s graph `g`: as an exported
@@ -654,8 +707,16 @@ fn conclude(
         return Ok(false);
     };
     let files = write_best(&program)?;
+    let llm_kernels: Vec<&str> = program
+        .fragments
+        .iter()
+        .filter(|f| f.name.ends_with("_llm"))
+        .map(|f| f.name.as_str())
+        .collect();
     let what = if program.fragments.is_empty() {
         "every op a torch call".to_string()
+    } else if !llm_kernels.is_empty() {
+        format!("LLM kernels {}", llm_kernels.join(", "))
     } else {
         format!(
             "block={} vector={}{}",
@@ -857,8 +918,10 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 /// The regions a graph is cut into: connected pointwise chains (each a
 /// fused kernel) and single reductions, softmaxes and norms (row kernels);
 /// matmuls and convolutions stay library calls, and permutes torch views
-/// where the program runs beside torch (`torch_views`: a ModelNew).
-fn regions(g: &OpGraph, torch_views: bool) -> Result<Vec<Vec<u32>>> {
+/// where the program runs beside torch (`torch_views`: a ModelNew). Other
+/// ops are regions of their own with `others` (an LLM writes them), else
+/// an error.
+fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Vec<Vec<u32>>> {
     let mut region_of: std::collections::HashMap<NodeId, usize> = Default::default();
     let mut regions: Vec<Vec<u32>> = Vec::new();
     let mut other = Vec::new();
@@ -873,6 +936,11 @@ fn regions(g: &OpGraph, torch_views: bool) -> Result<Vec<Vec<u32>>> {
             continue;
         }
         if row_op(g, id.index() as u32) {
+            regions.push(vec![id.index() as u32]);
+            region_of.insert(id, usize::MAX);
+            continue;
+        }
+        if n.op.class() != OpClass::Pointwise && others {
             regions.push(vec![id.index() as u32]);
             region_of.insert(id, usize::MAX);
             continue;
@@ -908,4 +976,238 @@ fn regions(g: &OpGraph, torch_views: bool) -> Result<Vec<Vec<u32>>> {
         );
     }
     Ok(regions)
+}
+
+/// Optimizes one KernelBench problem with the LLM coder, a step at a time
+/// (see `llm_search`); the report and the best `ModelNew` go to `out_dir`.
+pub fn optimize_problem_llm(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    out_dir: &Path,
+    llm: &LlmRun,
+) -> Result<Summary> {
+    let problem = problem_source(p)?;
+    let specs = builtin_devices();
+    let regions = regions(g, true, true)?;
+    writeln!(
+        out,
+        "{p}: {} region(s) for the LLM coder ({}), {} repair(s) each; {}",
+        regions.len(),
+        llm.client.config().model,
+        llm.repairs,
+        if judge.gpu {
+            "each step judged by the worker against the PyTorch model"
+        } else {
+            "judged by compile only (no GPU: nothing is run or timed)"
+        }
+    )?;
+    let mut found = llm_search(out, g, &regions, llm, false, |program, label| {
+        judge_program(judge, &problem, g, &p.code, program, label, &specs)
+    })?;
+    if found.best.is_none() {
+        // No kernel program was correct: every op a torch call.
+        let o = judge_program(
+            judge,
+            &problem,
+            g,
+            &p.code,
+            &Program::default(),
+            "call-library",
+            &specs,
+        )?;
+        found.judged += 1;
+        if o.status == Status::Correct || o.status == Status::CompiledOnly {
+            found.correct += usize::from(o.status == Status::Correct);
+            let ms = o.runtime.as_ref().map_or(f64::INFINITY, |r| r.mean_ms);
+            writeln!(
+                out,
+                "  call-library (every op a torch call): {}",
+                mtmc_coder::critique::rules(&o)
+            )?;
+            found.best = Some((ms, Program::default(), Params::default(), o.clone()));
+        }
+        found
+            .attempts
+            .push(serde_json::json!({"call_library": true, "outcome": o}));
+    }
+    let summary = Summary {
+        kernels: found.best.as_ref().map_or(0, |b| b.1.fragments.len()),
+        library_calls: 0,
+        variants: 1,
+        judged: found.judged,
+        correct: found.correct,
+        best: found.best.as_ref().map(|b| b.3.clone()),
+        params: found.best.as_ref().map(|b| b.2),
+    };
+    conclude(out, out_dir, &p.full_name(), found, |program| {
+        let code =
+            mtmc_coder::export::to_model_new(g, program, &p.code).map_err(anyhow::Error::msg)?;
+        write(out_dir, "model_new.py", &code)?;
+        Ok("model_new.py")
+    })?;
+    Ok(summary)
+}
+
+/// The LLM coder's search: each region in turn, as one step (a custom
+/// kernel, or a fused one); a step that does not compile gets up to
+/// `repairs` fix-compile steps with the compiler log, one judged wrong up
+/// to `repairs` fix-correctness steps with the verdict; a region that
+/// stays without a kernel stays torch calls. Each step's program is judged
+/// (with `whole`, only once every region has a kernel: a program judged
+/// natively has no torch to fall back on) and the critique of its outcome
+/// goes back to the coder with the best program so far. A coder that halts
+/// (the endpoint is down) ends the search with what it found.
+fn llm_search(
+    out: &mut dyn std::io::Write,
+    g: &OpGraph,
+    regions: &[Vec<u32>],
+    llm: &LlmRun,
+    whole: bool,
+    mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
+) -> Result<Found> {
+    use mtmc_coder::critique::{LlmCritic, rules};
+    use mtmc_coder::llm::{LlmCoder, program_text};
+    let coder = LlmCoder::new(llm.client.clone());
+    let mut session = Session::new(g, &coder, Arch::SM90);
+    let mut found = Found {
+        attempts: Vec::new(),
+        judged: 0,
+        correct: 0,
+        best: None,
+    };
+    let mut step = 0;
+    'regions: for region in regions {
+        let first = ActionKind::Fuse;
+        let mut action = Action {
+            kind: if region.len() == 1 {
+                ActionKind::CustomKernel
+            } else {
+                first
+            },
+            region: region.clone(),
+            params: Params::default(),
+        };
+        let mut repairs = llm.repairs;
+        loop {
+            step += 1;
+            let label = format!("step {step}: {:?} {:?}", action.kind, action.region);
+            let program = match session.propose(&action) {
+                Ok(p) => p,
+                Err(f) => {
+                    let stage = match f.stage {
+                        Stage::Refused => "no kernel",
+                        Stage::Compile => "does not compile, rolled back",
+                        Stage::Outcome => "wrong, rolled back",
+                    };
+                    let first = f.log.lines().next().unwrap_or("");
+                    writeln!(out, "  {label}: {stage}: {first}")?;
+                    found
+                        .attempts
+                        .push(serde_json::json!({"step": step, "failure": f}));
+                    if let Some(why) = session.coder().halted() {
+                        writeln!(out, "  the LLM coder stopped: {why}")?;
+                        break 'regions;
+                    }
+                    if f.stage == Stage::Compile && repairs > 0 {
+                        repairs -= 1;
+                        action.kind = ActionKind::FixCompile;
+                        continue;
+                    }
+                    writeln!(out, "  region {:?} stays torch calls", action.region)?;
+                    break;
+                }
+            };
+            if whole && !program.missing(g).is_empty() {
+                // Not judgeable yet: kept as compiled.
+                writeln!(out, "  {label}: compiled")?;
+                session.accept(program);
+                break;
+            }
+            let o = judge(&program, &label)?;
+            found.judged += 1;
+            let ruled = rules(&o);
+            let code = program_text(g, &program);
+            let by_model = match llm.critic {
+                Critic::Rules => None,
+                Critic::Llm | Critic::Both => match LlmCritic::new(&llm.client).critique(&o, &code)
+                {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        writeln!(
+                            out,
+                            "  the LLM critic failed ({e}); the rule-based critique stands"
+                        )?;
+                        None
+                    }
+                },
+            };
+            let critique = match (&by_model, llm.critic) {
+                (Some(m), Critic::Llm | Critic::Both) => m.clone(),
+                _ => ruled.clone(),
+            };
+            writeln!(out, "  {label}: {ruled}")?;
+            if llm.verbose {
+                writeln!(out, "    critique: {critique}")?;
+            }
+            found.attempts.push(serde_json::json!({
+                "step": step,
+                "action": action,
+                "outcome": o,
+                "critique_rules": ruled,
+                "critique_llm": by_model,
+            }));
+            let good = matches!(o.status, Status::Correct | Status::CompiledOnly);
+            if good {
+                found.correct += usize::from(o.status == Status::Correct);
+                let ms = o.runtime.as_ref().map_or(f64::INFINITY, |r| r.mean_ms);
+                let better = found.best.as_ref().is_none_or(|b| ms < b.0)
+                    || (found.best.as_ref().is_some_and(|b| !b.0.is_finite()));
+                let best_text = better.then(|| format!("{ruled}\n{code}"));
+                session.coder().observe(&mtmc_coder::Note::Judged {
+                    action: &action,
+                    critique: &critique,
+                    best: best_text.as_deref(),
+                });
+                if better {
+                    found.best = Some((ms, program.clone(), Params::default(), o.clone()));
+                }
+                session.accept(program);
+                break;
+            }
+            session.coder().observe(&mtmc_coder::Note::Judged {
+                action: &action,
+                critique: &critique,
+                best: None,
+            });
+            session.reject(&action, &program, ruled);
+            if repairs > 0 && o.status != Status::Timeout {
+                repairs -= 1;
+                action.kind = ActionKind::FixCorrectness;
+                continue;
+            }
+            writeln!(out, "  region {:?} stays torch calls", action.region)?;
+            break;
+        }
+    }
+    let s = llm.client.stats();
+    writeln!(
+        out,
+        "llm: {} call(s), {} request(s) ({} retried), {} from the cache, {} failed; {} prompt + {} reply tokens{}",
+        s.calls,
+        s.requests,
+        s.retries,
+        s.cache_hits,
+        s.failures,
+        s.tokens_in,
+        s.tokens_out,
+        if s.cost_usd > 0.0 {
+            format!(", ${:.4}", s.cost_usd)
+        } else {
+            String::new()
+        }
+    )?;
+    found.attempts.push(serde_json::json!({"llm": s}));
+    Ok(found)
 }

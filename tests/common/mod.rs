@@ -107,6 +107,7 @@ pub fn shared_jsonl() -> String {
 }
 
 /// The code of one shared problem.
+#[allow(dead_code)]
 pub fn shared_problem_code(level: u64, name: &str) -> String {
     let text = std::fs::read_to_string(shared_jsonl()).unwrap();
     text.lines()
@@ -117,6 +118,7 @@ pub fn shared_problem_code(level: u64, name: &str) -> String {
 }
 
 /// Whether `python3` on the path can import torch.
+#[allow(dead_code)]
 pub fn python3_has_torch() -> bool {
     Command::new("python3")
         .args(["-c", "import torch"])

@@ -13,6 +13,8 @@
 //! Triton (`triton::TritonCoder`): pointwise chains, row reductions,
 //! softmax, global pooling and layer / RMS / group / instance norm.
 
+pub(crate) use pointwise::boundary;
+
 mod gemm;
 mod loss;
 mod pointwise;
@@ -166,6 +168,16 @@ fn fuse_prologue(
     Ok(f)
 }
 
+/// Why a coder writes no fragment for the call-library action.
+pub(crate) const LIBRARY: &str =
+    "library calls are kept as torch ops in the ModelNew export, not as fragments";
+
+/// Why a custom kernel over several ops is refused.
+pub(crate) const ONE_OP: &str = "a custom kernel covers one op; fuse covers several";
+
+/// Why the template coders refuse repairs.
+const REPAIRS: &str = "repairs are written by the LLM coder; the template coder writes each kernel anew from the graph";
+
 /// Why a coder wrote nothing for an action.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -227,9 +239,7 @@ impl MicroCoder for TemplateCoder {
             | ActionKind::Retile
             | ActionKind::Vectorize => {
                 if action.kind == ActionKind::CustomKernel && action.region.len() != 1 {
-                    return Err(Refusal::new(
-                        "a custom kernel covers one op; fuse covers several",
-                    ));
+                    return Err(Refusal::new(ONE_OP));
                 }
                 // A kernel-level action rewrites the kernel that covers the
                 // region now, under its name.
@@ -258,9 +268,8 @@ impl MicroCoder for TemplateCoder {
                     pointwise::generate(g, action, &name)
                 }
             }
-            ActionKind::CallLibrary => Err(Refusal::new(
-                "library calls are kept as torch ops in the ModelNew export, not as fragments",
-            )),
+            ActionKind::CallLibrary => Err(Refusal::new(LIBRARY)),
+            ActionKind::FixCompile | ActionKind::FixCorrectness => Err(Refusal::new(REPAIRS)),
         }
     }
 }

@@ -413,7 +413,7 @@ fn rename_coord(expr: &str, d: usize, to: &str) -> String {
 
 /// The region's tensors read from outside it, and its outputs: tensors
 /// read outside it or that are graph outputs.
-pub(super) fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
+pub(crate) fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
     let inside: HashSet<NodeId> = region.iter().copied().collect();
     let mut inputs = Vec::new();
     for &n in region {

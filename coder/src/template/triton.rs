@@ -59,14 +59,13 @@ impl MicroCoder for TritonCoder {
         }
         let name = match action.kind {
             ActionKind::CallLibrary => {
-                return Err(Refusal::new(
-                    "library calls are kept as torch ops in the ModelNew export, not as fragments",
-                ));
+                return Err(Refusal::new(super::LIBRARY));
+            }
+            ActionKind::FixCompile | ActionKind::FixCorrectness => {
+                return Err(Refusal::new(super::REPAIRS));
             }
             ActionKind::CustomKernel if nodes.len() != 1 => {
-                return Err(Refusal::new(
-                    "a custom kernel covers one op; fuse covers several",
-                ));
+                return Err(Refusal::new(super::ONE_OP));
             }
             ActionKind::Retile | ActionKind::Vectorize => program
                 .fragments
