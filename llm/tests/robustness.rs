@@ -157,7 +157,8 @@ fn a_429_waits_as_retry_after_asks() {
     let g = gaps(&server);
     assert_eq!(g.len(), 1);
     // Backoff alone would wait 20-40 ms; retry-after says 1 s.
-    assert!(g[0] >= 0.98 && g[0] < 1.5, "waited {} s", g[0]);
+    // Upper bounds leave room for a loaded machine.
+    assert!(g[0] >= 0.98 && g[0] < 2.5, "waited {} s", g[0]);
     assert!(r.log.lock().unwrap()[0].contains("retry-after"));
     assert_eq!(r.client.stats().retries, 1);
     r.check_clean(&[]);
