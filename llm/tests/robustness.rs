@@ -186,7 +186,7 @@ fn server_errors_are_retried_with_growing_delays_then_succeed() {
     for (k, gap) in g.iter().enumerate() {
         let full = 0.040 * f64::from(1u32 << k);
         assert!(
-            *gap >= full * 0.5 - 0.002 && *gap < full + 0.25,
+            *gap >= full * 0.5 - 0.002 && *gap < full + 1.0,
             "retry {k}: {gap} s"
         );
     }
@@ -213,7 +213,7 @@ fn a_slow_reply_past_the_limit_is_retried() {
     assert_eq!((reply.text.as_str(), reply.attempts), ("in time", 2));
     let g = gaps(&server);
     // The limit (0.5 s) plus the first backoff (20-40 ms).
-    assert!(g[0] >= 0.5 && g[0] < 1.2, "{g:?}");
+    assert!(g[0] >= 0.5 && g[0] < 2.0, "{g:?}");
     assert!(r.log.lock().unwrap()[0].contains("within 0.5 s"));
     r.check_clean(&[]);
 }
