@@ -9,6 +9,12 @@
 //!   computed from the parameter in every forward, never assumed frozen.
 //! - [`drop_size_one_reductions`]: a reduction over dims that all have
 //!   extent 1 leaves its input unchanged; it becomes a view.
+//! - [`drop_nested_clamps`]: of two clamps in a row (clamp, hardtanh,
+//!   relu, relu6), one whose interval holds the other's changes nothing:
+//!   the inner one when it is the wider (and nothing else reads it), the
+//!   outer one when it is; so does a clamp after an op whose values lie in
+//!   its interval already (tanh in [-1, 1], sigmoid in [0, 1]). The op
+//!   that changes nothing becomes a view.
 //! - [`conv_bias_in_epilogue`]: a convolution's bias becomes an add after
 //!   it, where the kernel that reads the convolution adds it for free
 //!   (torch adds it in a pass of its own over the whole result).
@@ -31,9 +37,10 @@ use crate::op::{
 pub type Rewrite = (&'static str, fn(&OpGraph) -> Option<OpGraph>);
 
 /// Every rewrite, in the order they are tried.
-pub const REWRITES: [Rewrite; 4] = [
+pub const REWRITES: [Rewrite; 5] = [
     ("reduce_before_gemm", reduce_before_gemm),
     ("drop_size_one_reductions", drop_size_one_reductions),
+    ("drop_nested_clamps", drop_nested_clamps),
     ("conv_bias_in_epilogue", conv_bias_in_epilogue),
     ("channels_last", channels_last),
 ];
@@ -336,6 +343,74 @@ pub fn drop_size_one_reductions(g: &OpGraph) -> Option<OpGraph> {
     }
     let mut g = g.clone();
     for id in found {
+        *g.op_mut(id) = Op::Layout(Layout::Reshape);
+    }
+    Some(g)
+}
+
+/// The interval an op clamps its input to (`None` bounds are infinite),
+/// for the ops that are clamps.
+fn clamp_interval(op: &Op) -> Option<(f64, f64)> {
+    let (lo, hi) = match op {
+        Op::Unary(UnaryOp::Clamp { min, max }) => (*min, *max),
+        Op::Unary(UnaryOp::Hardtanh { min, max }) => (Some(*min), Some(*max)),
+        Op::Unary(UnaryOp::Relu) => (Some(0.0), None),
+        Op::Unary(UnaryOp::Relu6) => (Some(0.0), Some(6.0)),
+        _ => return None,
+    };
+    let lo = lo.unwrap_or(f64::NEG_INFINITY);
+    let hi = hi.unwrap_or(f64::INFINITY);
+    // An empty interval clamps everything to one bound, in an order of
+    // its own: not a case for this rewrite.
+    (lo <= hi).then_some((lo, hi))
+}
+
+/// The interval an op's values lie in, for ops whose values are bounded
+/// whatever their input: clamps, and tanh, sigmoid, hard sigmoid.
+fn value_range(op: &Op) -> Option<(f64, f64)> {
+    match op {
+        Op::Unary(UnaryOp::Tanh) => Some((-1.0, 1.0)),
+        Op::Unary(UnaryOp::Sigmoid | UnaryOp::Hardsigmoid) => Some((0.0, 1.0)),
+        other => clamp_interval(other),
+    }
+}
+
+/// See the module's documentation.
+pub fn drop_nested_clamps(g: &OpGraph) -> Option<OpGraph> {
+    let mut views = Vec::new();
+    for (outer, n) in g.nodes() {
+        let Some((lo2, hi2)) = clamp_interval(&n.op) else {
+            continue;
+        };
+        let [input] = g.inputs(outer)[..] else {
+            continue;
+        };
+        let inner = input.node;
+        if views.contains(&inner) {
+            continue;
+        }
+        let inner_op = &g.node(inner).op;
+        let Some((lo1, hi1)) = value_range(inner_op) else {
+            continue;
+        };
+        if g.tensor(input).dtype != n.outputs[0].dtype {
+            continue;
+        }
+        let only_reader =
+            g.consumers(inner).len() == 1 && !g.outputs().iter().any(|t| t.node == inner);
+        if clamp_interval(inner_op).is_some() && lo1 <= lo2 && hi1 >= hi2 && only_reader {
+            // The outer clamp alone gives the same values.
+            views.push(inner);
+        } else if lo1 >= lo2 && hi1 <= hi2 {
+            // Already inside the outer interval: the outer one is a no-op.
+            views.push(outer);
+        }
+    }
+    if views.is_empty() {
+        return None;
+    }
+    let mut g = g.clone();
+    for id in views {
         *g.op_mut(id) = Op::Layout(Layout::Reshape);
     }
     Some(g)
@@ -953,5 +1028,47 @@ mod tests {
         let last = r.outputs()[0].node;
         assert!(r.node(last).op.is_view());
         assert!(drop_size_one_reductions(&graph("y = sum(x, dim=1)", "x=8x16")).is_none());
+    }
+
+    /// The ops of `g` that are not views, as shown.
+    fn computed(g: &OpGraph) -> Vec<String> {
+        g.nodes()
+            .filter(|(_, n)| !n.op.is_source() && !n.op.is_view())
+            .map(|(_, n)| n.op.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_clamp_inside_a_wider_clamp_becomes_a_view() {
+        // The inner clamp is the wider: the outer alone gives the values.
+        let g = graph("y = clamp(clamp(x, min=-2, max=2), min=-1, max=1)", "x=64");
+        assert_eq!(computed(&drop_nested_clamps(&g).unwrap()), ["clamp(-1, 1)"]);
+        // A relu after a clamp into [0.5, 3] changes nothing.
+        let g = graph("y = relu(clamp(x, min=0.5, max=3))", "x=64");
+        assert_eq!(
+            computed(&drop_nested_clamps(&g).unwrap()),
+            ["clamp(0.5, 3)"]
+        );
+        // relu then relu6: relu is the wider (no upper bound) inner one.
+        let g = graph("y = relu6(relu(x))", "x=64");
+        assert_eq!(computed(&drop_nested_clamps(&g).unwrap()), ["relu6"]);
+        // Overlapping intervals: both are needed.
+        let g = graph(
+            "y = clamp(clamp(x, min=-1, max=1), min=-2, max=0.5)",
+            "x=64",
+        );
+        assert!(drop_nested_clamps(&g).is_none());
+        // A clamp to [-1, 1] after tanh changes nothing; to [0, 0.5] it does.
+        let g = graph("y = clamp(tanh(x), min=-1, max=1)", "x=64");
+        assert_eq!(computed(&drop_nested_clamps(&g).unwrap()), ["tanh"]);
+        assert!(
+            drop_nested_clamps(&graph("y = clamp(sigmoid(x), min=0, max=0.5)", "x=64")).is_none()
+        );
+        // An inner clamp read elsewhere stays.
+        let g = graph(
+            "c = clamp(x, min=-2, max=2); y = clamp(c, min=-1, max=1) + c",
+            "x=64",
+        );
+        assert!(drop_nested_clamps(&g).is_none());
     }
 }
