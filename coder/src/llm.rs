@@ -136,14 +136,15 @@ impl LlmCoder {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The prompt for `action`, or why none can be written.
-    pub fn prompt(
+    /// The prompt for `action` under contract `c`, or why none can be
+    /// written.
+    fn prompt(
         &self,
         program: &Program,
         g: &OpGraph,
         action: &Action,
+        c: &Contract,
     ) -> Result<Prompt, Refusal> {
-        let c = contract(g, action)?;
         let memory = self.memory();
         let mut q = String::new();
         let _ = writeln!(q, "# Action: {:?}\n{}\n", action.kind, task(action.kind));
@@ -239,7 +240,7 @@ impl MicroCoder for LlmCoder {
             return Err(Refusal::new(format!("the LLM coder stopped: {why}")));
         }
         let c = contract(g, action)?;
-        let prompt = self.prompt(program, g, action)?;
+        let prompt = self.prompt(program, g, action, &c)?;
         let reply = match self.client.complete(&prompt) {
             Ok(r) => r,
             Err(e) => {

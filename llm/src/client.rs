@@ -376,7 +376,7 @@ impl Client {
             });
             let outcome = {
                 let _pass = self.gate.enter();
-                self.attempt(prompt)
+                self.exchange(prompt, self.config.max_tokens)
             };
             match outcome {
                 Ok(mut reply) => {
@@ -502,11 +502,7 @@ impl Client {
         }
     }
 
-    /// One HTTP exchange.
-    fn attempt(&self, prompt: &Prompt) -> Result<Reply, Attempt> {
-        self.exchange(prompt, self.config.max_tokens)
-    }
-
+    /// One HTTP exchange, the reply at most `max_tokens` long.
     fn exchange(&self, prompt: &Prompt, max_tokens: u32) -> Result<Reply, Attempt> {
         let path = match self.config.provider {
             Provider::Openai => "chat/completions",

@@ -1079,12 +1079,11 @@ fn llm_search(
     };
     let mut step = 0;
     'regions: for region in regions {
-        let first = ActionKind::Fuse;
         let mut action = Action {
             kind: if region.len() == 1 {
                 ActionKind::CustomKernel
             } else {
-                first
+                ActionKind::Fuse
             },
             region: region.clone(),
             params: Params::default(),
@@ -1162,8 +1161,12 @@ fn llm_search(
             if good {
                 found.correct += usize::from(o.status == Status::Correct);
                 let ms = o.runtime.as_ref().map_or(f64::INFINITY, |r| r.mean_ms);
-                let better = found.best.as_ref().is_none_or(|b| ms < b.0)
-                    || (found.best.as_ref().is_some_and(|b| !b.0.is_finite()));
+                // Without a GPU nothing is timed: the latest program that
+                // compiled (the one with most kernels) stands.
+                let better = found
+                    .best
+                    .as_ref()
+                    .is_none_or(|b| ms < b.0 || !b.0.is_finite());
                 let best_text = better.then(|| format!("{ruled}\n{code}"));
                 session.coder().observe(&mtmc_coder::Note::Judged {
                     action: &action,
