@@ -1127,20 +1127,23 @@ fn llm_search(
             let o = judge(&program, &label)?;
             found.judged += 1;
             let ruled = rules(&o);
-            let code = program_text(g, &program);
+            // The program as prompt text, for the model's critique and the
+            // best-so-far context only.
+            let code = || program_text(g, &program);
             let by_model = match llm.critic {
                 Critic::Rules => None,
-                Critic::Llm | Critic::Both => match LlmCritic::new(&llm.client).critique(&o, &code)
-                {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        writeln!(
-                            out,
-                            "  the LLM critic failed ({e}); the rule-based critique stands"
-                        )?;
-                        None
+                Critic::Llm | Critic::Both => {
+                    match LlmCritic::new(&llm.client).critique(&o, &code()) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            writeln!(
+                                out,
+                                "  the LLM critic failed ({e}); the rule-based critique stands"
+                            )?;
+                            None
+                        }
                     }
-                },
+                }
             };
             let critique = match (&by_model, llm.critic) {
                 (Some(m), Critic::Llm | Critic::Both) => m.clone(),
@@ -1167,7 +1170,7 @@ fn llm_search(
                     .best
                     .as_ref()
                     .is_none_or(|b| ms < b.0 || !b.0.is_finite());
-                let best_text = better.then(|| format!("{ruled}\n{code}"));
+                let best_text = better.then(|| format!("{ruled}\n{}", code()));
                 session.coder().observe(&mtmc_coder::Note::Judged {
                     action: &action,
                     critique: &critique,
