@@ -2,7 +2,20 @@
 //! optimization action from the problem's graph features, the applied
 //! actions, the last outcome's critique and the best result so far.
 //!
-//! Empty for now: the critique, the observation features, PPO, the
-//! trajectory store and the reward-to-go model land with the planner issue.
-//! The crate exists so that the workspace has its final shape; it will be
-//! the only crate that depends on burn.
+//! - [`space`]: the moves (kind × region × parameter) and their legality;
+//! - [`critique`]: the diagnosis of an outcome, as features and text;
+//! - [`episode`]: an episode's state and the reward;
+//! - [`features`]: the observation vector;
+
+pub mod critique;
+pub mod episode;
+pub mod features;
+pub mod planners;
+pub mod policy;
+pub mod ppo;
+pub mod rng;
+pub mod rtg;
+pub mod space;
+pub mod store;
+pub mod train;
+pub mod tree;

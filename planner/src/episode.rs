@@ -1,0 +1,284 @@
+//! One episode on one problem: the configuration the program is at, what
+//! was evaluated, the last diagnosis and the best result so far, and the
+//! reward of each step.
+//!
+//! The reward follows MTMC's shaping (a term for building, one for running
+//! correctly, a small cost per evaluation) plus MaxCode's max-reward term:
+//! the gain is the growth of the best speedup so far, so an episode's
+//! gains add up to `ln max(1, best speedup)` whatever the order in which it
+//! was found. ARCHITECTURE.md gives the formula.
+
+use std::collections::BTreeSet;
+
+use mtmc_env::outcome::Status;
+use serde::{Deserialize, Serialize};
+
+use crate::critique::Diagnosis;
+use crate::space::{ACTIONS, Config, Move, Shape, legal};
+
+/// The reward's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reward {
+    /// Every evaluation costs this (budget pressure).
+    pub step: f64,
+    /// The fragment was refused or did not compile.
+    pub build_failed: f64,
+    /// It ran and a check failed.
+    pub wrong: f64,
+    /// It crashed, overran its time or failed while running.
+    pub crashed: f64,
+    /// It compiled and nothing was run (no GPU).
+    pub compiled: f64,
+    /// It was correct.
+    pub correct: f64,
+    /// Weight of the max-reward term `ln max(1, s) − ln max(1, best)`.
+    pub gain: f64,
+}
+
+impl Default for Reward {
+    fn default() -> Reward {
+        Reward {
+            step: -0.02,
+            build_failed: -0.5,
+            wrong: -0.3,
+            crashed: -0.4,
+            compiled: 0.05,
+            correct: 0.1,
+            gain: 1.0,
+        }
+    }
+}
+
+impl Reward {
+    /// The reward of a step whose outcome is `d`, when the best speedup
+    /// before it was `best` (`None`: nothing correct yet).
+    pub fn of(&self, d: &Diagnosis, best: Option<f64>) -> f64 {
+        let status = match d.status {
+            Status::CompileError => self.build_failed,
+            Status::Incorrect => self.wrong,
+            Status::RuntimeError | Status::Timeout | Status::Crashed => self.crashed,
+            Status::CompiledOnly => self.compiled,
+            Status::Correct => self.correct,
+        };
+        let gain = match (d.status, d.speedup_eager) {
+            (Status::Correct, Some(s)) if s.is_finite() => {
+                (s.max(1.0).ln() - best.unwrap_or(1.0).max(1.0).ln()).max(0.0)
+            }
+            _ => 0.0,
+        };
+        self.step + status + self.gain * gain
+    }
+}
+
+/// The best result of an episode.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Best {
+    /// Speedup against eager.
+    pub speedup: f64,
+    /// The configuration's key.
+    pub key: String,
+    /// Its diagnosis.
+    pub diagnosis: Diagnosis,
+}
+
+/// The state of one episode.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Episode {
+    /// What the action space depends on.
+    pub shape: Shape,
+    /// The current program (the last one that was correct, or the start).
+    pub config: Config,
+    /// Steps taken (evaluations made).
+    pub step: usize,
+    /// Evaluations allowed.
+    pub max_steps: usize,
+    /// Keys of the programs evaluated.
+    pub seen: BTreeSet<String>,
+    /// The last outcome's diagnosis.
+    pub last: Option<Diagnosis>,
+    /// The best correct result.
+    pub best: Option<Best>,
+    /// Steps since the best improved.
+    pub since_best: usize,
+    /// Stopped, or out of steps.
+    pub done: bool,
+    /// Moves taken, in order.
+    pub moves: Vec<Move>,
+}
+
+impl Episode {
+    /// An episode at the library program with `max_steps` evaluations.
+    pub fn new(shape: Shape, max_steps: usize) -> Episode {
+        Episode {
+            shape,
+            config: Config::library(shape),
+            step: 0,
+            max_steps,
+            seen: BTreeSet::new(),
+            last: None,
+            best: None,
+            since_best: 0,
+            done: false,
+            moves: Vec::new(),
+        }
+    }
+
+    /// The legal moves now: stop only once out of steps.
+    pub fn mask(&self) -> [bool; ACTIONS] {
+        if self.done {
+            return [false; ACTIONS];
+        }
+        if self.step >= self.max_steps {
+            let mut m = [false; ACTIONS];
+            m[Move::Stop.index()] = true;
+            return m;
+        }
+        legal(&self.config, self.shape, self.step, &self.seen)
+    }
+
+    /// The configuration move `m` asks to evaluate (`None` for stop or a
+    /// move that is not possible).
+    pub fn target(&self, m: Move) -> Option<Config> {
+        self.config.apply(m, self.shape)
+    }
+
+    /// Records the outcome `d` of evaluating `next` (reached by `m`) and
+    /// returns the step's reward. A program that is not correct is rolled
+    /// back: the episode stays at its current program.
+    pub fn record(&mut self, m: Move, next: Config, d: Diagnosis, reward: &Reward) -> f64 {
+        let r = reward.of(&d, self.best.as_ref().map(|b| b.speedup));
+        self.seen.insert(next.key());
+        self.moves.push(m);
+        self.step += 1;
+        self.since_best += 1;
+        if matches!(d.status, Status::Correct | Status::CompiledOnly) {
+            let speedup = d.speedup_eager.unwrap_or(0.0);
+            if d.status == Status::Correct && self.best.as_ref().is_none_or(|b| speedup > b.speedup)
+            {
+                self.best = Some(Best {
+                    speedup,
+                    key: next.key(),
+                    diagnosis: d.clone(),
+                });
+                self.since_best = 0;
+            }
+            self.config = next;
+        }
+        self.last = Some(d);
+        if self.step >= self.max_steps {
+            // Out of evaluations: only stop is left, and it changes nothing.
+            self.done = true;
+        }
+        r
+    }
+
+    /// Ends the episode (reward 0).
+    pub fn stop(&mut self) -> f64 {
+        self.moves.push(Move::Stop);
+        self.done = true;
+        0.0
+    }
+
+    /// The best speedup found (1 = eager; 0 when nothing was correct).
+    pub fn best_speedup(&self) -> f64 {
+        self.best.as_ref().map_or(0.0, |b| b.speedup)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::critique::Limit;
+    use crate::space::Slot;
+
+    fn diag(status: Status, speedup: Option<f64>) -> Diagnosis {
+        let mut d = Diagnosis::failed_to_build("", true);
+        d.status = status;
+        d.compile_kind = None;
+        d.speedup_eager = speedup;
+        d.limit = Limit::Unknown;
+        d
+    }
+
+    #[test]
+    fn reward_cases() {
+        let r = Reward::default();
+        let eq = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} != {b}");
+        // A fragment that does not compile.
+        eq(
+            r.of(
+                &Diagnosis::failed_to_build("k.cu(1): error: x", false),
+                None,
+            ),
+            -0.52,
+        );
+        eq(r.of(&diag(Status::Incorrect, None), Some(2.0)), -0.32);
+        eq(r.of(&diag(Status::Crashed, None), None), -0.42);
+        eq(r.of(&diag(Status::CompiledOnly, None), None), 0.03);
+        // Correct but slower than eager: no gain.
+        eq(r.of(&diag(Status::Correct, Some(0.5)), None), 0.08);
+        // The first correct program at 2x: gain ln 2.
+        eq(
+            r.of(&diag(Status::Correct, Some(2.0)), None),
+            0.08 + 2f64.ln(),
+        );
+        // Better than the best so far: gain ln(3/2); worse: none.
+        eq(
+            r.of(&diag(Status::Correct, Some(3.0)), Some(2.0)),
+            0.08 + 1.5f64.ln(),
+        );
+        eq(r.of(&diag(Status::Correct, Some(1.5)), Some(2.0)), 0.08);
+    }
+
+    #[test]
+    fn gains_add_up_to_the_log_of_the_best() {
+        let shape = Shape {
+            regions: 2,
+            products: false,
+        };
+        let r = Reward {
+            step: 0.0,
+            correct: 0.0,
+            ..Reward::default()
+        };
+        let mut e = Episode::new(shape, 8);
+        let mut total = 0.0;
+        for (m, s) in [
+            (Move::CallLibrary(Slot::All), 1.0),
+            (Move::CustomKernel(Slot::All), 1.7),
+            (Move::Vectorize(4), 1.2),
+            (Move::Retile(512), 2.5),
+        ] {
+            let next = e.target(m).unwrap();
+            assert!(e.mask()[m.index()], "{m:?} legal");
+            total += e.record(m, next, diag(Status::Correct, Some(s)), &r);
+        }
+        assert!((total - 2.5f64.ln()).abs() < 1e-12);
+        assert_eq!(e.best_speedup(), 2.5);
+    }
+
+    #[test]
+    fn a_wrong_program_is_rolled_back_and_not_tried_again() {
+        let shape = Shape {
+            regions: 1,
+            products: false,
+        };
+        let mut e = Episode::new(shape, 2);
+        let m = Move::CustomKernel(Slot::All);
+        let next = e.target(m).unwrap();
+        e.record(m, next, diag(Status::Incorrect, None), &Reward::default());
+        assert_eq!(e.config.key(), "library", "rolled back");
+        assert!(!e.mask()[m.index()], "the same program is not judged twice");
+        assert!(e.mask()[Move::CallLibrary(Slot::All).index()]);
+        let m = Move::CallLibrary(Slot::All);
+        let next = e.target(m).unwrap();
+        e.record(
+            m,
+            next,
+            diag(Status::Correct, Some(1.0)),
+            &Reward::default(),
+        );
+        assert!(e.done, "out of evaluations");
+        assert_eq!(e.mask(), [false; ACTIONS]);
+    }
+}

@@ -1,0 +1,188 @@
+//! The observation: the problem's graph features, the current program's
+//! configuration, the last outcome's diagnosis, the best result so far and
+//! its diagnosis, the step, and what worked before on similar problems.
+
+use mtmc_actions::device::{Bound, DeviceSpec, MathMode, roofline};
+use mtmc_actions::graph::OpGraph;
+use mtmc_actions::op::OpClass;
+use serde::{Deserialize, Serialize};
+
+use crate::critique::{self, Diagnosis};
+use crate::episode::Episode;
+use crate::space::{ACTIONS, BLOCKS, SLOTS, Shape, VECTORS};
+
+/// Op classes counted in the graph features (sources are not).
+const CLASSES: [OpClass; 14] = [
+    OpClass::Matmul,
+    OpClass::Conv,
+    OpClass::Pointwise,
+    OpClass::Reduction,
+    OpClass::Scan,
+    OpClass::Softmax,
+    OpClass::Norm,
+    OpClass::Pool,
+    OpClass::Dropout,
+    OpClass::Loss,
+    OpClass::Attention,
+    OpClass::Rnn,
+    OpClass::Layout,
+    OpClass::Opaque,
+];
+
+/// Length of [`Problem::features`].
+pub const GRAPH: usize = CLASSES.len() + 9;
+/// Length of the configuration's features.
+pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1;
+/// Length of the best-so-far features (besides its diagnosis).
+pub const BEST: usize = 3;
+/// Length of an observation.
+pub const OBS: usize = GRAPH + CONFIG + 2 * critique::FEATURES + BEST + 1 + ACTIONS;
+
+/// What the planner knows of a problem before any step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    /// Its name (`L2/76`, an intent's name).
+    pub name: String,
+    /// The op-class pattern similar problems share ([`pattern`]).
+    pub pattern: String,
+    /// The graph features ([`GRAPH`] numbers).
+    pub features: Vec<f32>,
+    /// What the action space depends on.
+    pub shape: Shape,
+    /// What limits its roofline.
+    pub memory_bound: bool,
+}
+
+impl Problem {
+    /// The problem named `name` with graph `g`, `regions` regions for
+    /// kernels, on device `spec`.
+    pub fn new(name: &str, g: &OpGraph, regions: usize, spec: &DeviceSpec) -> Problem {
+        let roof = roofline(g, spec, MathMode::default());
+        let mut counts = [0u32; CLASSES.len()];
+        let mut largest = 1u64;
+        let mut nodes = 0u32;
+        for (_, n) in g.nodes() {
+            let class = n.op.class();
+            if let Some(k) = CLASSES.iter().position(|&c| c == class) {
+                counts[k] += 1;
+                nodes += 1;
+            }
+            for t in &n.outputs {
+                largest = largest.max(t.numel());
+            }
+        }
+        let products = counts[0] > 0;
+        let mut f: Vec<f32> = counts
+            .iter()
+            .map(|&c| ((c as f32).ln_1p() / 3.0).min(1.5))
+            .collect();
+        let log10 = |x: u64| (x.max(1) as f64).log10() as f32;
+        f.push(log10(roof.cost.unfused.flops) / 12.0);
+        f.push(log10(roof.cost.unfused.bytes) / 10.0);
+        f.push(log10(roof.cost.fused_bytes) / 10.0);
+        f.push((roof.cost.unfused.intensity().max(1e-3).ln() / 5.0).clamp(-2.0, 2.0) as f32);
+        f.push(f32::from(roof.bound == Bound::Memory));
+        f.push(log10(largest) / 9.0);
+        f.push(((nodes as f32).ln_1p() / 4.0).min(1.5));
+        f.push((regions as f32 / SLOTS as f32).min(2.0));
+        f.push(f32::from(products));
+        debug_assert_eq!(f.len(), GRAPH);
+        Problem {
+            name: name.to_string(),
+            pattern: pattern(g),
+            features: f,
+            shape: Shape { regions, products },
+            memory_bound: roof.bound == Bound::Memory,
+        }
+    }
+
+    /// The roofline bound the diagnoses of this problem's outcomes use.
+    pub fn bound(&self) -> Bound {
+        if self.memory_bound {
+            Bound::Memory
+        } else {
+            Bound::Compute
+        }
+    }
+}
+
+/// The op-class pattern of `g`: its classes in graph order, sources left
+/// out, runs of one class written once with their count (`matmul+pointwise*3+reduce`).
+/// Problems with equal patterns are "similar" for the knowledge base.
+pub fn pattern(g: &OpGraph) -> String {
+    let mut runs: Vec<(&str, u32)> = Vec::new();
+    for (_, n) in g.nodes() {
+        let class = n.op.class();
+        if matches!(class, OpClass::Source | OpClass::Layout) {
+            continue;
+        }
+        match runs.last_mut() {
+            Some((name, k)) if *name == class.name() => *k += 1,
+            _ => runs.push((class.name(), 1)),
+        }
+    }
+    let parts: Vec<String> = runs
+        .iter()
+        .map(|&(n, k)| {
+            if k == 1 {
+                n.to_string()
+            } else {
+                format!("{n}*{k}")
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        "empty".into()
+    } else {
+        parts.join("+")
+    }
+}
+
+/// The observation vector ([`OBS`] numbers) of `episode` on `problem`,
+/// with `prior`: the mean reward of each action on similar problems.
+pub fn observe(problem: &Problem, episode: &Episode, prior: &[f32; ACTIONS]) -> Vec<f32> {
+    let mut f = Vec::with_capacity(OBS);
+    f.extend_from_slice(&problem.features);
+    // Configuration.
+    let c = &episode.config;
+    for s in 0..SLOTS {
+        f.push(f32::from(s < c.kernels.len()));
+    }
+    for s in 0..SLOTS {
+        f.push(f32::from(c.kernels.get(s).copied().unwrap_or(false)));
+    }
+    f.push(f32::from(c.fuse));
+    f.push(f32::from(c.gemm));
+    f.extend(BLOCKS.iter().map(|&b| f32::from(c.block == b)));
+    f.extend(VECTORS.iter().map(|&v| f32::from(c.vector == v)));
+    let more = c.kernels.len().saturating_sub(SLOTS);
+    f.push(if more == 0 {
+        0.0
+    } else {
+        c.kernels[SLOTS..].iter().filter(|&&k| k).count() as f32 / more as f32
+    });
+    // The last outcome and the best one.
+    let none = vec![0.0; critique::FEATURES];
+    f.extend(
+        episode
+            .last
+            .as_ref()
+            .map_or(none.clone(), Diagnosis::features),
+    );
+    match &episode.best {
+        Some(b) => {
+            f.push(1.0);
+            f.push(b.speedup.max(1e-3).ln().clamp(-4.0, 4.0) as f32);
+            f.push(episode.since_best as f32 / episode.max_steps.max(1) as f32);
+            f.extend(b.diagnosis.features());
+        }
+        None => {
+            f.extend([0.0; BEST]);
+            f.extend(none);
+        }
+    }
+    f.push(episode.step as f32 / episode.max_steps.max(1) as f32);
+    f.extend_from_slice(prior);
+    debug_assert_eq!(f.len(), OBS);
+    f
+}

@@ -1,0 +1,116 @@
+//! The planners a search can use, for comparison: the trained policy, a
+//! random one, a greedy heuristic of hand-written rules, and exhaustive
+//! enumeration (every program in a fixed order, within the budget).
+
+use crate::critique::Limit;
+use crate::episode::Episode;
+use crate::features::Problem;
+use crate::policy::{Cpu, Net};
+use crate::rng::Rng;
+use crate::space::{ACTIONS, BLOCKS, Move, Slot, VECTORS};
+use mtmc_env::outcome::Status;
+
+/// Which planner picks the moves.
+pub enum Planner {
+    /// The trained policy: its most likely legal move.
+    Trained(Box<Net<Cpu>>),
+    /// A legal move other than stop, uniformly (stop when none is left).
+    Random(Rng),
+    /// Hand-written rules.
+    Greedy,
+    /// The first legal move in index order: over an episode it walks the
+    /// programs reachable from the library one, none twice.
+    Exhaustive,
+}
+
+impl Planner {
+    /// The planner's name in reports and the store.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Planner::Trained(_) => "trained",
+            Planner::Random(_) => "random",
+            Planner::Greedy => "greedy",
+            Planner::Exhaustive => "exhaustive",
+        }
+    }
+
+    /// The move to make in `episode` on `problem`, given the observation
+    /// `obs` and the legal moves `mask`.
+    pub fn choose(
+        &mut self,
+        problem: &Problem,
+        episode: &Episode,
+        obs: &[f32],
+        mask: &[bool; ACTIONS],
+    ) -> Move {
+        let stop = Move::Stop;
+        let legal: Vec<Move> = Move::all()
+            .filter(|m| mask[m.index()] && *m != stop)
+            .collect();
+        if legal.is_empty() {
+            return stop;
+        }
+        match self {
+            Planner::Trained(net) => {
+                let (p, _) = net.act(obs, mask, &Default::default());
+                p.iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map_or(stop, |(i, _)| Move::from_index(i))
+            }
+            Planner::Random(rng) => legal[rng.below(legal.len())],
+            Planner::Exhaustive => legal[0],
+            Planner::Greedy => greedy(problem, episode, mask),
+        }
+    }
+}
+
+/// The greedy rules: kernels for everything first (or GEMM kernels when
+/// there is nothing else); when that is wrong, one region at a time; once
+/// correct, vectorize a memory-bound program, then retile up and down, then
+/// GEMM kernels, then split; the library program when nothing else is left
+/// untried and nothing is correct yet; stop when no rule applies.
+pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> Move {
+    let legal = |m: &Move| mask[m.index()];
+    let mut order: Vec<Move> = Vec::new();
+    let correct = episode
+        .last
+        .as_ref()
+        .is_some_and(|d| matches!(d.status, Status::Correct | Status::CompiledOnly));
+    if episode.step == 0 {
+        order.extend([
+            Move::CustomKernel(Slot::All),
+            Move::GemmKernel,
+            Move::CallLibrary(Slot::All),
+        ]);
+    } else if correct || episode.best.is_some() {
+        let memory = episode
+            .last
+            .as_ref()
+            .is_some_and(|d| d.unvectorized || d.limit == Limit::Memory || problem.memory_bound);
+        if memory {
+            order.extend(VECTORS.iter().rev().map(|&v| Move::Vectorize(v)));
+        }
+        order.extend([
+            Move::Retile(BLOCKS[2]),
+            Move::Retile(BLOCKS[0]),
+            Move::GemmKernel,
+            Move::Split,
+        ]);
+        order.extend(VECTORS.iter().rev().map(|&v| Move::Vectorize(v)));
+        order.push(Move::Retile(BLOCKS[1]));
+        order.push(Move::Fuse);
+        order.push(Move::CustomKernel(Slot::All));
+    } else {
+        // Nothing correct yet: kernels one region at a time, then the
+        // library program.
+        order.extend((0..crate::space::SLOTS as u8).map(|r| Move::CustomKernel(Slot::Region(r))));
+        order.push(Move::CallLibrary(Slot::All));
+    }
+    // The library program is the fallback: it is tried before the budget
+    // runs out when nothing is correct.
+    if episode.best.is_none() && episode.step + 1 >= episode.max_steps {
+        order.insert(0, Move::CallLibrary(Slot::All));
+    }
+    order.into_iter().find(legal).unwrap_or(Move::Stop)
+}

@@ -1,0 +1,54 @@
+//! A small seeded generator (SplitMix64): sampling actions, shuffling
+//! minibatches and initial weights all come from it, so a seeded run is
+//! reproducible without a global random state.
+
+/// SplitMix64.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [0, n).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.unit() * n as f64) as usize % n.max(1)
+    }
+
+    /// An index drawn with probabilities `p` (which sum to about 1).
+    pub fn pick(&mut self, p: &[f32]) -> usize {
+        let u = self.unit() as f32 * p.iter().sum::<f32>();
+        let mut acc = 0.0;
+        for (i, &x) in p.iter().enumerate() {
+            acc += x;
+            if u < acc && x > 0.0 {
+                return i;
+            }
+        }
+        p.iter().rposition(|&x| x > 0.0).unwrap_or(0)
+    }
+
+    /// Shuffles `v` in place (Fisher–Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+    }
+}

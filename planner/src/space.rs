@@ -1,0 +1,375 @@
+//! The planner's action space: moves that edit a program's configuration,
+//! flattened into one index (kind × region × parameter), and the legality
+//! mask.
+//!
+//! A configuration says how a problem's program is built: which regions of
+//! the op graph are custom kernels (the rest stay library calls), whether
+//! pointwise chains are fused in front of the row kernels that read them,
+//! whether matrix products are tiled GEMM kernels with their epilogue, and
+//! the launch parameters. The coder turns a configuration into fragments;
+//! the planner only edits it. Two configurations with the same [`Config::key`]
+//! build the same program, so the key names a node of the trajectory tree.
+
+use serde::{Deserialize, Serialize};
+
+/// Regions a move can name one by one; later regions follow the moves on
+/// all regions.
+pub const SLOTS: usize = 8;
+/// Threads per block a retile move can set.
+pub const BLOCKS: [u32; 3] = [128, 256, 512];
+/// Vector widths a vectorize move can set.
+pub const VECTORS: [u32; 3] = [1, 2, 4];
+/// Size of the flat action space.
+pub const ACTIONS: usize = 2 * (1 + SLOTS) + 4 + BLOCKS.len() + VECTORS.len() + 1;
+
+/// The regions a move covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Slot {
+    /// Every region.
+    All,
+    /// One region, by its index in graph order (below [`SLOTS`]).
+    Region(u8),
+}
+
+/// One edit of the configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Move {
+    /// The regions become library calls again (torch / cuBLAS / cuDNN).
+    CallLibrary(Slot),
+    /// The regions become custom kernels (a region of several ops is one
+    /// fused kernel).
+    CustomKernel(Slot),
+    /// Pointwise chains are fused into the row kernel that reads them.
+    Fuse,
+    /// Pointwise chains and row kernels are split into a chain of
+    /// sub-kernels.
+    Split,
+    /// Matrix products become tiled GEMM kernels with their epilogue fused.
+    GemmKernel,
+    /// Matrix products become library calls again.
+    GemmLibrary,
+    /// Threads per block of every kernel.
+    Retile(u32),
+    /// Elements per thread per trip (vector width) of every kernel.
+    Vectorize(u32),
+    /// End the episode; the best program so far is the answer.
+    Stop,
+}
+
+impl Move {
+    /// Every move, in index order.
+    pub fn all() -> impl Iterator<Item = Move> {
+        (0..ACTIONS).map(Move::from_index)
+    }
+
+    /// The flat index.
+    pub fn index(self) -> usize {
+        let slot = |s: Slot| match s {
+            Slot::All => 0,
+            Slot::Region(r) => 1 + r as usize,
+        };
+        let base = 2 * (1 + SLOTS);
+        match self {
+            Move::CallLibrary(s) => slot(s),
+            Move::CustomKernel(s) => 1 + SLOTS + slot(s),
+            Move::Fuse => base,
+            Move::Split => base + 1,
+            Move::GemmKernel => base + 2,
+            Move::GemmLibrary => base + 3,
+            Move::Retile(b) => base + 4 + BLOCKS.iter().position(|&x| x == b).unwrap_or(1),
+            Move::Vectorize(v) => {
+                base + 4 + BLOCKS.len() + VECTORS.iter().position(|&x| x == v).unwrap_or(0)
+            }
+            Move::Stop => ACTIONS - 1,
+        }
+    }
+
+    /// The move at flat index `i` (below [`ACTIONS`]).
+    pub fn from_index(i: usize) -> Move {
+        let slot = |k: usize| {
+            if k == 0 {
+                Slot::All
+            } else {
+                Slot::Region((k - 1) as u8)
+            }
+        };
+        let base = 2 * (1 + SLOTS);
+        match i {
+            i if i < 1 + SLOTS => Move::CallLibrary(slot(i)),
+            i if i < base => Move::CustomKernel(slot(i - 1 - SLOTS)),
+            i if i == base => Move::Fuse,
+            i if i == base + 1 => Move::Split,
+            i if i == base + 2 => Move::GemmKernel,
+            i if i == base + 3 => Move::GemmLibrary,
+            i if i < base + 4 + BLOCKS.len() => Move::Retile(BLOCKS[i - base - 4]),
+            i if i < ACTIONS - 1 => Move::Vectorize(VECTORS[i - base - 4 - BLOCKS.len()]),
+            _ => Move::Stop,
+        }
+    }
+
+    /// The action kind's name, as reports and the store write it.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Move::CallLibrary(_) | Move::GemmLibrary => "call_library",
+            Move::CustomKernel(_) | Move::GemmKernel => "custom_kernel",
+            Move::Fuse => "fuse",
+            Move::Split => "split",
+            Move::Retile(_) => "retile",
+            Move::Vectorize(_) => "vectorize",
+            Move::Stop => "stop",
+        }
+    }
+
+    /// Whether the move chooses how regions are computed (the only moves
+    /// legal at step 0, with stop).
+    pub fn operator_level(self) -> bool {
+        matches!(
+            self,
+            Move::CallLibrary(_) | Move::CustomKernel(_) | Move::GemmKernel | Move::GemmLibrary
+        )
+    }
+
+    /// A short label: `custom_kernel(all)`, `retile(512)`, …
+    pub fn label(self) -> String {
+        let slot = |s: Slot| match s {
+            Slot::All => "all".to_string(),
+            Slot::Region(r) => format!("r{r}"),
+        };
+        match self {
+            Move::CallLibrary(s) | Move::CustomKernel(s) => format!("{}({})", self.kind(), slot(s)),
+            Move::GemmKernel => "custom_kernel(gemm)".into(),
+            Move::GemmLibrary => "call_library(gemm)".into(),
+            Move::Retile(b) => format!("retile({b})"),
+            Move::Vectorize(v) => format!("vectorize({v})"),
+            other => other.kind().into(),
+        }
+    }
+}
+
+/// What of a problem the action space depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    /// Regions the coder can write kernels for.
+    pub regions: usize,
+    /// Whether the graph has matrix products (for the GEMM moves).
+    pub products: bool,
+}
+
+/// How a problem's program is built.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Config {
+    /// Per region: a custom kernel (else library calls).
+    pub kernels: Vec<bool>,
+    /// Pointwise chains fused in front of row kernels.
+    pub fuse: bool,
+    /// Matrix products as GEMM kernels.
+    pub gemm: bool,
+    /// Threads per block.
+    pub block: u32,
+    /// Vector width.
+    pub vector: u32,
+}
+
+impl Config {
+    /// Every op a library call: where an episode starts.
+    pub fn library(shape: Shape) -> Config {
+        Config {
+            kernels: vec![false; shape.regions],
+            fuse: true,
+            gemm: false,
+            block: 256,
+            vector: 1,
+        }
+    }
+
+    /// Whether any custom kernel (region or GEMM) is in the program.
+    pub fn any_kernel(&self) -> bool {
+        self.gemm || self.kernels.iter().any(|&k| k)
+    }
+
+    /// The name of the program this configuration builds. Settings that
+    /// change nothing (launch parameters without region kernels, fusion
+    /// with fewer than two region kernels) are left out, so equal
+    /// programs have equal keys.
+    pub fn key(&self) -> String {
+        let regions = self.kernels.iter().filter(|&&k| k).count();
+        if regions == 0 {
+            return if self.gemm {
+                "gemm".into()
+            } else {
+                "library".into()
+            };
+        }
+        let bits: String = self
+            .kernels
+            .iter()
+            .map(|&k| if k { '1' } else { '0' })
+            .collect();
+        format!(
+            "k{bits}{}{} b{} v{}",
+            if self.fuse || regions < 2 {
+                ""
+            } else {
+                " split"
+            },
+            if self.gemm { " gemm" } else { "" },
+            self.block,
+            self.vector
+        )
+    }
+
+    /// The configuration after `m`, or `None` where `m` is not possible
+    /// here (a region that does not exist, a GEMM move without products,
+    /// stop).
+    pub fn apply(&self, m: Move, shape: Shape) -> Option<Config> {
+        let mut c = self.clone();
+        let set = |c: &mut Config, s: Slot, on: bool| match s {
+            Slot::All => {
+                c.kernels.iter_mut().for_each(|k| *k = on);
+                !c.kernels.is_empty()
+            }
+            Slot::Region(r) => match c.kernels.get_mut(r as usize) {
+                Some(k) => {
+                    *k = on;
+                    true
+                }
+                None => false,
+            },
+        };
+        let ok = match m {
+            Move::CallLibrary(s) => set(&mut c, s, false),
+            Move::CustomKernel(s) => set(&mut c, s, true),
+            Move::Fuse => {
+                c.fuse = true;
+                true
+            }
+            Move::Split => {
+                c.fuse = false;
+                true
+            }
+            Move::GemmKernel | Move::GemmLibrary => {
+                c.gemm = m == Move::GemmKernel;
+                shape.products
+            }
+            Move::Retile(b) => {
+                c.block = b;
+                true
+            }
+            Move::Vectorize(v) => {
+                c.vector = v;
+                true
+            }
+            Move::Stop => false,
+        };
+        ok.then_some(c)
+    }
+}
+
+/// Which moves are legal: stop always; at step 0 operator-level moves only;
+/// otherwise any move that builds a program not yet evaluated in this
+/// episode (`seen` holds their keys) and, but for calling the library for
+/// everything, different from the current one.
+pub fn legal(
+    config: &Config,
+    shape: Shape,
+    step: usize,
+    seen: &std::collections::BTreeSet<String>,
+) -> [bool; ACTIONS] {
+    let mut mask = [false; ACTIONS];
+    for m in Move::all() {
+        mask[m.index()] = match m {
+            Move::Stop => true,
+            _ if step == 0 && !m.operator_level() => false,
+            _ => config.apply(m, shape).is_some_and(|c| {
+                let key = c.key();
+                // The current program itself is a candidate while it has
+                // not been judged (at the start, or after a rollback to
+                // it): calling the library for everything is a choice too.
+                let again = m == Move::CallLibrary(Slot::All);
+                !seen.contains(&key) && (key != config.key() || again)
+            }),
+        };
+    }
+    mask
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn indices_round_trip() {
+        for i in 0..ACTIONS {
+            assert_eq!(Move::from_index(i).index(), i, "{:?}", Move::from_index(i));
+        }
+        assert_eq!(Move::from_index(ACTIONS - 1), Move::Stop);
+    }
+
+    #[test]
+    fn keys_name_programs_not_settings() {
+        let shape = Shape {
+            regions: 2,
+            products: true,
+        };
+        let lib = Config::library(shape);
+        assert_eq!(lib.key(), "library");
+        // Launch parameters without kernels build the same program.
+        let retiled = lib.apply(Move::Retile(512), shape).unwrap();
+        assert_eq!(retiled.key(), "library");
+        let k = lib.apply(Move::CustomKernel(Slot::All), shape).unwrap();
+        assert_eq!(k.key(), "k11 b256 v1");
+        let one = lib
+            .apply(Move::CustomKernel(Slot::Region(1)), shape)
+            .unwrap();
+        assert_eq!(one.key(), "k01 b256 v1");
+        // Splitting one kernel changes nothing.
+        assert_eq!(one.apply(Move::Split, shape).unwrap().key(), one.key());
+        assert_eq!(
+            k.apply(Move::Split, shape).unwrap().key(),
+            "k11 split b256 v1"
+        );
+        assert!(
+            lib.apply(Move::CustomKernel(Slot::Region(2)), shape)
+                .is_none()
+        );
+        assert!(
+            lib.apply(
+                Move::GemmKernel,
+                Shape {
+                    products: false,
+                    ..shape
+                }
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn step_zero_is_operator_level_and_stop_is_always_legal() {
+        let shape = Shape {
+            regions: 3,
+            products: false,
+        };
+        let c = Config::library(shape);
+        let mask = legal(&c, shape, 0, &BTreeSet::new());
+        for m in Move::all() {
+            let expect = match m {
+                Move::Stop | Move::CallLibrary(Slot::All) | Move::CustomKernel(Slot::All) => true,
+                Move::CustomKernel(Slot::Region(r)) => (r as usize) < 3,
+                _ => false,
+            };
+            assert_eq!(mask[m.index()], expect, "{m:?}");
+        }
+        // Later, a move that rebuilds a program already judged is masked.
+        let k = c.apply(Move::CustomKernel(Slot::All), shape).unwrap();
+        let seen: BTreeSet<String> = ["library".to_string(), k.key()].into();
+        let mask = legal(&k, shape, 1, &seen);
+        assert!(!mask[Move::CallLibrary(Slot::All).index()]);
+        assert!(!mask[Move::Vectorize(1).index()], "changes nothing");
+        assert!(mask[Move::Vectorize(4).index()]);
+        assert!(mask[Move::Split.index()]);
+        assert!(!mask[Move::GemmKernel.index()]);
+        assert!(mask[Move::Stop.index()]);
+    }
+}

@@ -1,0 +1,451 @@
+//! The trajectory store: every step of every episode in one SQLite file,
+//! and the knowledge base read from it.
+//!
+//! Tables: `problems` (name, pattern, graph features, shape), `episodes`
+//! (problem, planner, version, seed, start and end, best speedup), `steps`
+//! (one row per evaluated or stopping step: state, observation, action,
+//! fragment hash and code, outcome, diagnosis, critique, reward, best so
+//! far, timestamps, planner version) and `evaluations` (the trajectory
+//! tree's nodes: the diagnosis of each program, by problem and key).
+//!
+//! Crash safety: WAL, and each step is one transaction of its own, so a
+//! writer killed at any point leaves every step it finished (and no half
+//! of one).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::critique::Diagnosis;
+use crate::features::Problem;
+use crate::space::{ACTIONS, Move};
+
+/// A store error, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused.
+    #[error("trajectory store `{path}`: {source}")]
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// What SQLite said.
+        source: rusqlite::Error,
+    },
+    /// A row's JSON did not parse (a store written by another version?).
+    #[error("trajectory store `{path}`: a row does not parse: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// What serde said.
+        source: serde_json::Error,
+    },
+}
+
+/// One step as it is written.
+#[derive(Clone, Debug)]
+pub struct StepRecord {
+    /// The episode's id.
+    pub episode: i64,
+    /// Step number in the episode (0-based).
+    pub step: usize,
+    /// Key of the program before the step.
+    pub state: String,
+    /// The observation the planner saw.
+    pub observation: Vec<f32>,
+    /// The move.
+    pub action: Move,
+    /// Key of the program evaluated (empty for stop).
+    pub next_state: String,
+    /// SHA-256 of the program's fragments (empty when nothing was built).
+    pub fragment_hash: String,
+    /// The fragments' code.
+    pub code: String,
+    /// The outcome as JSON (empty when nothing was evaluated).
+    pub outcome: String,
+    /// The diagnosis (none for stop).
+    pub diagnosis: Option<Diagnosis>,
+    /// The reward.
+    pub reward: f64,
+    /// Best speedup after the step.
+    pub best_speedup: f64,
+    /// When the step started (Unix seconds).
+    pub started_at: f64,
+}
+
+/// Seconds since the Unix epoch.
+pub fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// An open store.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// A recorded step read back for training.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// Problem name.
+    pub problem: String,
+    /// Episode id.
+    pub episode: i64,
+    /// Step number.
+    pub step: usize,
+    /// The observation.
+    pub observation: Vec<f32>,
+    /// The move's index.
+    pub action: usize,
+    /// The reward.
+    pub reward: f64,
+    /// Best speedup after the step.
+    pub best_speedup: f64,
+    /// The step's own speedup, when its program was correct and timed.
+    pub speedup: Option<f64>,
+}
+
+/// The speedup of a correct, timed program.
+fn correct_speedup(d: &Diagnosis) -> Option<f64> {
+    (d.status == mtmc_env::outcome::Status::Correct)
+        .then_some(d.speedup_eager)
+        .flatten()
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let path = path.to_path_buf();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            // A missing folder would make SQLite's error say only "unable
+            // to open"; create it.
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let conn = Connection::open(&path).map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS problems (
+                name TEXT PRIMARY KEY,
+                pattern TEXT NOT NULL,
+                problem TEXT NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS episodes (
+                id INTEGER PRIMARY KEY,
+                problem TEXT NOT NULL,
+                planner TEXT NOT NULL,
+                planner_version TEXT NOT NULL,
+                seed INTEGER NOT NULL,
+                started_at REAL NOT NULL,
+                finished_at REAL,
+                best_speedup REAL
+            );
+            CREATE TABLE IF NOT EXISTS steps (
+                id INTEGER PRIMARY KEY,
+                episode INTEGER NOT NULL REFERENCES episodes(id),
+                step INTEGER NOT NULL,
+                problem TEXT NOT NULL,
+                pattern TEXT NOT NULL,
+                state TEXT NOT NULL,
+                observation TEXT NOT NULL,
+                action INTEGER NOT NULL,
+                action_name TEXT NOT NULL,
+                next_state TEXT NOT NULL,
+                fragment_hash TEXT NOT NULL,
+                code TEXT NOT NULL,
+                status TEXT,
+                speedup REAL,
+                outcome TEXT NOT NULL,
+                diagnosis TEXT,
+                critique TEXT,
+                reward REAL NOT NULL,
+                best_speedup REAL NOT NULL,
+                started_at REAL NOT NULL,
+                finished_at REAL NOT NULL,
+                planner_version TEXT NOT NULL
+            );
+            CREATE INDEX IF NOT EXISTS steps_pattern ON steps(pattern, action);
+            CREATE TABLE IF NOT EXISTS evaluations (
+                problem TEXT NOT NULL,
+                key TEXT NOT NULL,
+                status TEXT NOT NULL,
+                speedup REAL,
+                diagnosis TEXT NOT NULL,
+                fragment_hash TEXT NOT NULL,
+                PRIMARY KEY (problem, key)
+            );",
+        )
+        .map_err(err)?;
+        Ok(Store { conn, path })
+    }
+
+    fn sql(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn json(&self, source: serde_json::Error) -> StoreError {
+        StoreError::Json {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Records (or replaces) what the planner knows of a problem.
+    pub fn put_problem(&self, p: &Problem) -> Result<(), StoreError> {
+        let text = serde_json::to_string(p).map_err(|e| self.json(e))?;
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO problems (name, pattern, problem) VALUES (?1, ?2, ?3)",
+                params![p.name, p.pattern, text],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Every recorded problem, by name.
+    pub fn problems(&self) -> Result<Vec<Problem>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare("SELECT problem FROM problems ORDER BY name")
+            .map_err(|e| self.sql(e))?;
+        let rows: Vec<String> = q
+            .query_map([], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))?;
+        rows.iter()
+            .map(|t| serde_json::from_str(t).map_err(|e| self.json(e)))
+            .collect()
+    }
+
+    /// Starts an episode; returns its id.
+    pub fn begin_episode(
+        &self,
+        problem: &str,
+        planner: &str,
+        version: &str,
+        seed: u64,
+    ) -> Result<i64, StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO episodes (problem, planner, planner_version, seed, started_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![problem, planner, version, seed as i64, now()],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Closes an episode with its best speedup.
+    pub fn end_episode(&self, id: i64, best_speedup: f64) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE episodes SET finished_at = ?2, best_speedup = ?3 WHERE id = ?1",
+                params![id, now(), best_speedup],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    /// Writes one step (and the evaluation it made) in one transaction.
+    pub fn add_step(
+        &mut self,
+        problem: &Problem,
+        version: &str,
+        s: &StepRecord,
+    ) -> Result<i64, StoreError> {
+        let obs = serde_json::to_string(&s.observation).map_err(|e| self.json(e))?;
+        let diagnosis = s
+            .diagnosis
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| self.json(e))?;
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(err)?;
+        tx.execute(
+            "INSERT INTO steps (episode, step, problem, pattern, state, observation, action,
+                action_name, next_state, fragment_hash, code, status, speedup, outcome, diagnosis,
+                critique, reward, best_speedup, started_at, finished_at, planner_version)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                ?17, ?18, ?19, ?20, ?21)",
+            params![
+                s.episode,
+                s.step as i64,
+                problem.name,
+                problem.pattern,
+                s.state,
+                obs,
+                s.action.index() as i64,
+                s.action.label(),
+                s.next_state,
+                s.fragment_hash,
+                s.code,
+                s.diagnosis.as_ref().map(|d| d.status.name()),
+                s.diagnosis.as_ref().and_then(correct_speedup),
+                s.outcome,
+                diagnosis,
+                s.diagnosis.as_ref().map(Diagnosis::text),
+                s.reward,
+                s.best_speedup,
+                s.started_at,
+                now(),
+                version,
+            ],
+        )
+        .map_err(err)?;
+        let id = tx.last_insert_rowid();
+        if let (Some(d), Some(text)) = (&s.diagnosis, &diagnosis) {
+            tx.execute(
+                "INSERT OR REPLACE INTO evaluations (problem, key, status, speedup, diagnosis,
+                    fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    problem.name,
+                    s.next_state,
+                    d.status.name(),
+                    d.speedup_eager,
+                    text,
+                    s.fragment_hash
+                ],
+            )
+            .map_err(err)?;
+        }
+        tx.commit().map_err(err)?;
+        Ok(id)
+    }
+
+    /// The recorded evaluations of `problem`: the diagnosis of each
+    /// program, by key.
+    pub fn evaluations(&self, problem: &str) -> Result<BTreeMap<String, Diagnosis>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare("SELECT key, diagnosis FROM evaluations WHERE problem = ?1")
+            .map_err(|e| self.sql(e))?;
+        let rows: Vec<(String, String)> = q
+            .query_map([problem], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))?;
+        rows.into_iter()
+            .map(|(k, d)| Ok((k, serde_json::from_str(&d).map_err(|e| self.json(e))?)))
+            .collect()
+    }
+
+    /// The evaluation of one program of `problem`, if recorded.
+    pub fn evaluation(&self, problem: &str, key: &str) -> Result<Option<Diagnosis>, StoreError> {
+        let text: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT diagnosis FROM evaluations WHERE problem = ?1 AND key = ?2",
+                params![problem, key],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        text.map(|t| serde_json::from_str(&t).map_err(|e| self.json(e)))
+            .transpose()
+    }
+
+    /// The knowledge base: for each action, the mean reward it earned on
+    /// other problems with the same op-class pattern (or, with fewer than
+    /// `MIN_SIMILAR` such steps, on problems whose pattern starts with the
+    /// same class), clipped to [-1, 1]; 0 where it was never taken.
+    pub fn prior(&self, pattern: &str, problem: &str) -> Result<[f32; ACTIONS], StoreError> {
+        const MIN_SIMILAR: i64 = 8;
+        let query = |sql: &str, key: &str| -> Result<Vec<(i64, f64, i64)>, StoreError> {
+            let mut q = self.conn.prepare_cached(sql).map_err(|e| self.sql(e))?;
+            q.query_map(params![key, problem], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))
+        };
+        let mut rows = query(
+            "SELECT action, AVG(reward), COUNT(*) FROM steps
+             WHERE pattern = ?1 AND problem != ?2 GROUP BY action",
+            pattern,
+        )?;
+        if rows.iter().map(|r| r.2).sum::<i64>() < MIN_SIMILAR {
+            let head = pattern.split(['+', '*']).next().unwrap_or(pattern);
+            rows = query(
+                "SELECT action, AVG(reward), COUNT(*) FROM steps
+                 WHERE (pattern = ?1 OR pattern LIKE ?1 || '+%' OR pattern LIKE ?1 || '*%')
+                   AND problem != ?2 GROUP BY action",
+                head,
+            )?;
+        }
+        let mut prior = [0.0f32; ACTIONS];
+        for (a, mean, _) in rows {
+            if let Some(p) = prior.get_mut(a as usize) {
+                *p = mean.clamp(-1.0, 1.0) as f32;
+            }
+        }
+        Ok(prior)
+    }
+
+    /// Every recorded step, in episode and step order.
+    pub fn steps(&self) -> Result<Vec<Recorded>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT problem, episode, step, observation, action, reward, best_speedup, speedup
+                 FROM steps ORDER BY episode, step",
+            )
+            .map_err(|e| self.sql(e))?;
+        type Row = (String, i64, i64, String, i64, f64, f64, Option<f64>);
+        let rows: Vec<Row> = q
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                ))
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))?;
+        rows.into_iter()
+            .map(
+                |(problem, episode, step, obs, action, reward, best, speedup)| {
+                    Ok(Recorded {
+                        problem,
+                        episode,
+                        step: step as usize,
+                        observation: serde_json::from_str(&obs).map_err(|e| self.json(e))?,
+                        action: action as usize,
+                        reward,
+                        best_speedup: best,
+                        speedup,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    /// `PRAGMA integrity_check`'s answer (`ok` for a sound file).
+    pub fn integrity(&self) -> Result<String, StoreError> {
+        self.conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .map_err(|e| self.sql(e))
+    }
+}

@@ -1,0 +1,155 @@
+//! The trajectory store: a writer killed mid-run keeps every step it
+//! finished; the knowledge base reads what worked on similar problems.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use mtmc_env::outcome::Status;
+use mtmc_planner::critique::Diagnosis;
+use mtmc_planner::features::{GRAPH, Problem};
+use mtmc_planner::space::{Move, Shape, Slot};
+use mtmc_planner::store::{StepRecord, Store, now};
+
+fn problem(name: &str, pattern: &str) -> Problem {
+    Problem {
+        name: name.into(),
+        pattern: pattern.into(),
+        features: vec![0.5; GRAPH],
+        shape: Shape {
+            regions: 2,
+            products: true,
+        },
+        memory_bound: false,
+    }
+}
+
+fn step(episode: i64, k: usize, action: Move, reward: f64) -> StepRecord {
+    let mut d = Diagnosis::failed_to_build("", true);
+    d.status = Status::Correct;
+    d.compile_kind = None;
+    d.speedup_eager = Some(1.0 + k as f64 / 10.0);
+    StepRecord {
+        episode,
+        step: k,
+        state: "library".into(),
+        observation: vec![k as f32; 16],
+        action,
+        next_state: format!("k{k}"),
+        fragment_hash: format!("{k:064x}"),
+        code: "__global__ void k0(float* x) {}\n".repeat(50),
+        outcome: "{}".into(),
+        diagnosis: Some(d),
+        reward,
+        best_speedup: 1.0,
+        started_at: now(),
+    }
+}
+
+/// The child: writes steps until killed, saying each one it committed.
+#[test]
+fn writer_child() {
+    let Ok(path) = std::env::var("MTMC_STORE_WRITER") else {
+        return;
+    };
+    let mut store = Store::open(path.as_ref()).unwrap();
+    let p = problem("L1/1", "matmul");
+    store.put_problem(&p).unwrap();
+    let episode = store.begin_episode(&p.name, "random", "test", 0).unwrap();
+    for k in 0..200_000 {
+        store
+            .add_step(&p, "test", &step(episode, k, Move::Retile(512), 0.1))
+            .unwrap();
+        println!("committed {k}");
+    }
+}
+
+#[test]
+fn a_killed_writer_keeps_every_step_it_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.sqlite");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "writer_child", "--nocapture", "--test-threads=1"])
+        .env("MTMC_STORE_WRITER", &path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut last = None;
+    while let Some(Ok(line)) = lines.next() {
+        if let Some(k) = line.strip_prefix("committed ") {
+            last = Some(k.parse::<usize>().unwrap());
+            if last == Some(300) {
+                break;
+            }
+        }
+    }
+    // SIGKILL: no destructor, no checkpoint of the WAL.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let last = last.expect("the writer committed nothing");
+    assert!(
+        path.with_extension("sqlite-wal").exists(),
+        "written in WAL mode"
+    );
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.integrity().unwrap(), "ok");
+    let steps = store.steps().unwrap();
+    assert!(
+        steps.len() > last,
+        "{} steps kept, {} were committed",
+        steps.len(),
+        last + 1
+    );
+    // Rows are whole: each step has its observation and its evaluation.
+    for (k, s) in steps.iter().enumerate() {
+        assert_eq!(s.step, k);
+        assert_eq!(s.observation, vec![k as f32; 16]);
+    }
+    let evals = store.evaluations("L1/1").unwrap();
+    assert_eq!(evals.len(), steps.len());
+    assert_eq!(
+        store
+            .evaluation("L1/1", "k7")
+            .unwrap()
+            .unwrap()
+            .speedup_eager,
+        Some(1.7)
+    );
+}
+
+#[test]
+fn the_knowledge_base_offers_what_worked_on_similar_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("kb.sqlite")).unwrap();
+    let similar = problem("L2/1", "conv+pointwise*2");
+    let other = problem("L1/9", "reduce");
+    let new = problem("L2/2", "conv+pointwise*2");
+    for p in [&similar, &other, &new] {
+        store.put_problem(p).unwrap();
+    }
+    let e = store.begin_episode("L2/1", "random", "test", 0).unwrap();
+    let kernel = Move::CustomKernel(Slot::All);
+    for (k, (m, r)) in [(kernel, 0.8), (kernel, 0.6), (Move::Split, -0.4)]
+        .into_iter()
+        .enumerate()
+    {
+        store.add_step(&similar, "test", &step(e, k, m, r)).unwrap();
+    }
+    let e = store.begin_episode("L1/9", "random", "test", 0).unwrap();
+    for k in 0..10 {
+        store
+            .add_step(&other, "test", &step(e, k, Move::Vectorize(4), 0.9))
+            .unwrap();
+    }
+    // Too few steps of the same pattern: problems starting with `conv`
+    // count too; the reduction does not.
+    let prior = store.prior(&new.pattern, &new.name).unwrap();
+    assert!((prior[kernel.index()] - 0.7).abs() < 1e-6, "{prior:?}");
+    assert!((prior[Move::Split.index()] + 0.4).abs() < 1e-6);
+    assert_eq!(prior[Move::Vectorize(4).index()], 0.0);
+    // A problem's own steps are not its prior.
+    let own = store.prior(&similar.pattern, &similar.name).unwrap();
+    assert_eq!(own[kernel.index()], 0.0);
+}
