@@ -64,6 +64,8 @@ enum CoderKind {
     Llm,
 }
 
+// Parsed once per run: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// List problems: level, name, op classes, FLOPs and minimum bytes.
@@ -164,8 +166,105 @@ enum Command {
         /// Print the critique of every step.
         #[arg(short, long)]
         verbose: bool,
+        /// Search with a planner instead of the built-in variants: random,
+        /// greedy, exhaustive, or a checkpoint folder from `mtmc train`.
+        #[arg(long, value_name = "PLANNER")]
+        planner: Option<cmd::plan::Choice>,
+        /// Evaluations the planner may spend.
+        #[arg(long, default_value_t = 8)]
+        budget: usize,
+        /// Record the planner's steps in this trajectory store (SQLite).
+        #[arg(long, value_name = "FILE")]
+        trajectories: Option<PathBuf>,
+        /// Seed of the random planner.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
         #[command(flatten)]
         llm: cmd::llm::LlmArgs,
+    },
+    /// Run planner episodes on KernelBench problems and record every step
+    /// in the trajectory store (the training data). Problems that already
+    /// have enough episodes of this planner are skipped: run again to
+    /// resume.
+    Explore {
+        /// Problems by name.
+        problems: Vec<String>,
+        /// Every problem of this level (repeatable).
+        #[arg(long = "level", value_name = "N")]
+        levels: Vec<u32>,
+        /// Which problems of the fixed train/test split.
+        #[arg(long, value_enum, default_value = "train")]
+        split: cmd::plan::Split,
+        /// The exploring planner: random, greedy, exhaustive or a checkpoint.
+        #[arg(long, default_value = "random")]
+        planner: cmd::plan::Choice,
+        /// Episodes per problem.
+        #[arg(long, default_value_t = 2)]
+        episodes: usize,
+        /// Evaluations per episode.
+        #[arg(long, default_value_t = 8)]
+        budget: usize,
+        /// The trajectory store.
+        #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
+        trajectories: PathBuf,
+        /// Seconds before a candidate's evaluation is stopped.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Train the planner with PPO on the recorded trajectory tree (no GPU
+    /// needed), then the reward-to-go model; write the checkpoint, curves
+    /// (CSV and SVG) and train.json to --out.
+    Train {
+        /// The trajectory store.
+        #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
+        trajectories: PathBuf,
+        /// The checkpoint folder.
+        #[arg(long, value_name = "DIR", default_value = "mtmc-planner")]
+        out: PathBuf,
+        /// PPO iterations in all.
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+        /// Episodes per iteration.
+        #[arg(long, default_value_t = 64)]
+        episodes: usize,
+        /// Evaluations per episode.
+        #[arg(long, default_value_t = 8)]
+        budget: usize,
+        /// Hidden units of the policy.
+        #[arg(long, default_value_t = 128)]
+        hidden: usize,
+        /// Adam's learning rate.
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f64,
+        /// Seed (a seeded run is reproducible).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Continue the checkpoint in --out.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// Compare the planners (trained, random, greedy, exhaustive) on the
+    /// recorded outcomes of the held-out problems: geomean speedup, fast_1,
+    /// evaluations used.
+    Compare {
+        /// The trajectory store.
+        #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
+        trajectories: PathBuf,
+        /// A checkpoint folder from `mtmc train`.
+        #[arg(long, value_name = "DIR")]
+        checkpoint: Option<PathBuf>,
+        /// Evaluations per problem.
+        #[arg(long, default_value_t = 8)]
+        budget: usize,
+        /// Which problems of the split.
+        #[arg(long, value_enum, default_value = "test")]
+        split: cmd::plan::Split,
+        /// Also write the table as JSON to this file.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
     /// Send one tiny request to the configured LLM endpoint and say what
     /// works: reachable, model listed, reply in the expected JSON, latency.
@@ -352,8 +451,42 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             critic,
             repairs,
             verbose,
+            planner,
+            budget,
+            trajectories,
+            seed,
             llm,
         } => {
+            if let Some(planner) = planner {
+                if coder != CoderKind::Template || target != cmd::bench::Target::Cuda {
+                    anyhow::bail!(
+                        "--planner drives the template coder's CUDA kernels: drop --coder llm and --target triton"
+                    );
+                }
+                let Some(name) = subject.problem.as_deref() else {
+                    anyhow::bail!(
+                        "--planner searches KernelBench problems; for an intent, drop --planner"
+                    );
+                };
+                return cmd::plan::optimize(
+                    out,
+                    cmd::plan::OptimizeRequest {
+                        kernelbench: kb,
+                        name,
+                        planner,
+                        settings: cmd::plan::PlanSettings {
+                            budget,
+                            near_roofline: 0.9,
+                            verbose,
+                            reuse: false,
+                        },
+                        store: trajectories.as_deref(),
+                        out_dir: &out_dir,
+                        timeout: std::time::Duration::from_secs(timeout),
+                        seed,
+                    },
+                );
+            }
             if coder == CoderKind::Template && critic != cmd::optimize::Critic::Rules {
                 anyhow::bail!(
                     "--critic {critic:?} steers the LLM coder: add --coder llm (the template coder takes no critique)"
@@ -403,6 +536,72 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 },
             )
         }
+        Command::Explore {
+            problems,
+            levels,
+            split,
+            planner,
+            episodes,
+            budget,
+            trajectories,
+            timeout,
+            seed,
+        } => cmd::plan::explore(
+            out,
+            cmd::plan::ExploreRequest {
+                kernelbench: kb,
+                names: &problems,
+                levels: &levels,
+                split,
+                planner,
+                episodes,
+                budget,
+                store: &trajectories,
+                timeout: std::time::Duration::from_secs(timeout),
+                seed,
+            },
+        ),
+        Command::Train {
+            trajectories,
+            out: out_dir,
+            iterations,
+            episodes,
+            budget,
+            hidden,
+            lr,
+            seed,
+            resume,
+        } => cmd::plan::train(
+            out,
+            cmd::plan::TrainRequest {
+                store: &trajectories,
+                out_dir: &out_dir,
+                iterations,
+                ppo: mtmc_planner::ppo::PpoConfig {
+                    episodes,
+                    max_steps: budget,
+                    hidden,
+                    lr,
+                    seed,
+                    ..Default::default()
+                },
+                resume,
+            },
+        ),
+        Command::Compare {
+            trajectories,
+            checkpoint,
+            budget,
+            split,
+            json,
+        } => cmd::plan::compare(
+            out,
+            &trajectories,
+            checkpoint.as_deref(),
+            budget,
+            split,
+            json.as_deref(),
+        ),
         Command::LlmCheck { llm } => cmd::llm::check(out, &llm),
         Command::LlmReplay {
             reply,

@@ -86,7 +86,7 @@ pub struct Best {
 pub struct Episode {
     /// What the action space depends on.
     pub shape: Shape,
-    /// The current program (the last one that was correct, or the start).
+    /// The current program: the best so far (the start before any).
     pub config: Config,
     /// Steps taken (evaluations made).
     pub step: usize,
@@ -143,26 +143,33 @@ impl Episode {
     }
 
     /// Records the outcome `d` of evaluating `next` (reached by `m`) and
-    /// returns the step's reward. A program that is not correct is rolled
-    /// back: the episode stays at its current program.
+    /// returns the step's reward. Moves refine the best program so far: a
+    /// program that is not correct, or not faster than the best, is rolled
+    /// back (the episode returns to the best). Without timings, the last
+    /// program with kernels that compiled is the one refined.
     pub fn record(&mut self, m: Move, next: Config, d: Diagnosis, reward: &Reward) -> f64 {
         let r = reward.of(&d, self.best.as_ref().map(|b| b.speedup));
         self.seen.insert(next.key());
         self.moves.push(m);
         self.step += 1;
         self.since_best += 1;
-        if matches!(d.status, Status::Correct | Status::CompiledOnly) {
-            let speedup = d.speedup_eager.unwrap_or(0.0);
-            if d.status == Status::Correct && self.best.as_ref().is_none_or(|b| speedup > b.speedup)
-            {
-                self.best = Some(Best {
-                    speedup,
-                    key: next.key(),
-                    diagnosis: d.clone(),
-                });
-                self.since_best = 0;
+        match d.status {
+            Status::Correct => {
+                let speedup = d.speedup_eager.unwrap_or(0.0);
+                if self.best.as_ref().is_none_or(|b| speedup > b.speedup) {
+                    self.best = Some(Best {
+                        speedup,
+                        key: next.key(),
+                        diagnosis: d.clone(),
+                    });
+                    self.since_best = 0;
+                    self.config = next;
+                }
             }
-            self.config = next;
+            // Nothing timed (no GPU): a program with kernels is the one to
+            // refine.
+            Status::CompiledOnly if next.any_kernel() => self.config = next,
+            _ => {}
         }
         self.last = Some(d);
         if self.step >= self.max_steps {
@@ -252,7 +259,12 @@ mod tests {
             let next = e.target(m).unwrap();
             assert!(e.mask()[m.index()], "{m:?} legal");
             total += e.record(m, next, diag(Status::Correct, Some(s)), &r);
+            if m == Move::Vectorize(4) {
+                // Slower than the best: back to the best program.
+                assert_eq!(e.config.key(), "k11 b256 v1");
+            }
         }
+        assert_eq!(e.config.key(), "k11 b512 v1");
         assert!((total - 2.5f64.ln()).abs() < 1e-12);
         assert_eq!(e.best_speedup(), 2.5);
     }

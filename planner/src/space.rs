@@ -224,9 +224,11 @@ impl Config {
     pub fn apply(&self, m: Move, shape: Shape) -> Option<Config> {
         let mut c = self.clone();
         let set = |c: &mut Config, s: Slot, on: bool| match s {
+            // The library program exists for every graph; kernels for all
+            // regions need a region.
             Slot::All => {
                 c.kernels.iter_mut().for_each(|k| *k = on);
-                !c.kernels.is_empty()
+                !on || !c.kernels.is_empty()
             }
             Slot::Region(r) => match c.kernels.get_mut(r as usize) {
                 Some(k) => {

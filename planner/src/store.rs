@@ -399,6 +399,22 @@ impl Store {
         Ok(prior)
     }
 
+    /// Finished episodes of `planner`, by problem.
+    pub fn finished_episodes(&self, planner: &str) -> Result<BTreeMap<String, usize>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT problem, COUNT(*) FROM episodes
+                 WHERE planner = ?1 AND finished_at IS NOT NULL GROUP BY problem",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows: Vec<(String, i64)> = q
+            .query_map([planner], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))?;
+        Ok(rows.into_iter().map(|(p, n)| (p, n as usize)).collect())
+    }
+
     /// Every recorded step, in episode and step order.
     pub fn steps(&self) -> Result<Vec<Recorded>, StoreError> {
         let mut q = self

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use burn::rl::{Environment, StepResult};
+pub use burn::rl::{Environment, StepResult};
 
 use crate::critique::Diagnosis;
 use crate::episode::{Episode, Reward};

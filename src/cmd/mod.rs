@@ -7,5 +7,6 @@ pub mod doctor;
 pub mod eval;
 pub mod llm;
 pub mod optimize;
+pub mod plan;
 pub mod problems;
 pub mod show;

@@ -90,7 +90,7 @@ struct Variant {
 
 /// How a variant computes matrix products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Gemm {
+pub(crate) enum Gemm {
     /// Library calls (torch, cuBLAS).
     Library,
     /// GEMM kernels with their epilogue fused; a product the template
@@ -277,7 +277,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
 /// one persistent worker (kept across problems), or by compile only when
 /// the machine has no GPU.
 pub struct ProblemJudge {
-    gpu: bool,
+    pub(crate) gpu: bool,
     runtime: tokio::runtime::Runtime,
     worker: WorkerEvaluator,
 }
@@ -286,8 +286,18 @@ impl ProblemJudge {
     /// A judge; `cache_baselines` reads eager and torch.compile timings from
     /// the cache instead of timing them in this run.
     pub fn new(gpu: bool, timeout: Duration, cache_baselines: bool) -> ProblemJudge {
+        ProblemJudge::with_baselines(gpu, timeout, cache_baselines, &["eager", "compile"])
+    }
+
+    /// A judge timing only `baselines` (exploration needs eager alone).
+    pub fn with_baselines(
+        gpu: bool,
+        timeout: Duration,
+        cache_baselines: bool,
+        baselines: &[&str],
+    ) -> ProblemJudge {
         let settings = WorkerSettings {
-            baselines: vec!["eager".into(), "compile".into()],
+            baselines: baselines.iter().map(|b| b.to_string()).collect(),
             baseline_cache: if cache_baselines {
                 crate::source::cache_dir().map(|d| d.join("baselines"))
             } else {
@@ -487,7 +497,7 @@ pub fn optimize_problem(
 
 /// The problem as the worker takes it; an error when its code is missing
 /// (a built-in trace only), which a ModelNew needs.
-fn problem_source(p: &mtmc_actions::problem::Problem) -> Result<ProblemSource> {
+pub(crate) fn problem_source(p: &mtmc_actions::problem::Problem) -> Result<ProblemSource> {
     if p.code.is_empty() {
         bail!(
             "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
@@ -503,7 +513,7 @@ fn problem_source(p: &mtmc_actions::problem::Problem) -> Result<ProblemSource> {
 /// Judges one program of problem `code`'s graph `g`: as an exported
 /// `ModelNew` by the worker, or (no GPU) as compiled, since every fragment
 /// compiled when it was proposed.
-fn judge_program(
+pub(crate) fn judge_program(
     judge: &mut ProblemJudge,
     problem: &ProblemSource,
     g: &OpGraph,
@@ -540,12 +550,12 @@ fn add_roofline(o: &mut Outcome, g: &OpGraph, specs: &[mtmc_actions::device::Dev
 
 /// Every attempt, and the fastest correct program (at infinity when
 /// nothing was run and the program only compiled).
-struct Found {
-    attempts: Vec<serde_json::Value>,
+pub(crate) struct Found {
+    pub(crate) attempts: Vec<serde_json::Value>,
     /// Programs handed to the evaluator, and how many it found correct.
-    judged: usize,
-    correct: usize,
-    best: Option<(f64, Program, Params, Outcome)>,
+    pub(crate) judged: usize,
+    pub(crate) correct: usize,
+    pub(crate) best: Option<(f64, Program, Params, Outcome)>,
 }
 
 /// Builds each variant and judges it with `judge`, printing a line each.
@@ -688,7 +698,7 @@ fn search(
 /// Writes the report and the best program (through `write_best`, which
 /// names the files it wrote), and says what was found: whether there was
 /// a program to write.
-fn conclude(
+pub(crate) fn conclude(
     out: &mut dyn std::io::Write,
     out_dir: &Path,
     subject: &str,
@@ -759,7 +769,7 @@ fn row_op(g: &OpGraph, index: u32) -> bool {
 /// one element per thread), or the first failure. With `leave_refused`, a
 /// region the coder refuses stays torch calls (the refusals are returned)
 /// instead of failing the program.
-fn build<C: MicroCoder>(
+pub(crate) fn build<C: MicroCoder>(
     g: &OpGraph,
     regions: &[Vec<u32>],
     params: Params,
@@ -908,7 +918,7 @@ fn fusable(g: &OpGraph, regions: &[Vec<u32>], k: usize) -> Option<usize> {
     (readers_ok && feeds).then_some(next)
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, text).with_context(|| format!("cannot write `{}`", tmp.display()))?;
@@ -921,7 +931,7 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 /// where the program runs beside torch (`torch_views`: a ModelNew). Other
 /// ops are regions of their own with `others` (an LLM writes them), else
 /// an error.
-fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Vec<Vec<u32>>> {
+pub(crate) fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Vec<Vec<u32>>> {
     let mut region_of: std::collections::HashMap<NodeId, usize> = Default::default();
     let mut regions: Vec<Vec<u32>> = Vec::new();
     let mut other = Vec::new();

@@ -25,6 +25,7 @@ pub fn mtmc(args: &[&str]) -> Run {
 }
 
 impl Run {
+    #[allow(dead_code)]
     pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Run {
         self.0.env(key, value);
         self

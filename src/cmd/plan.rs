@@ -1,0 +1,1095 @@
+//! The planner's commands: a planned search on one problem (`optimize
+//! --planner`), `explore` (episodes that fill the trajectory store),
+//! `train` (PPO and the reward-to-go model on the recorded tree) and
+//! `compare` (the planners on the held-out problems' recorded tree).
+//!
+//! A planned search is an episode: from the library program, each move
+//! edits the program's configuration (which regions are kernels, fusion,
+//! GEMM kernels, launch parameters); the template coder builds the
+//! configuration fragment by fragment (each compiled alone, rolled back on
+//! failure) and the worker judges it. Every step goes to the store.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use mtmc_actions::device::{builtin_devices, find_device};
+use mtmc_actions::graph::OpGraph;
+use mtmc_coder::action::Params;
+use mtmc_coder::program::Program;
+use mtmc_coder::session::Stage;
+use mtmc_coder::template::TemplateCoder;
+use mtmc_env::outcome::{Outcome, Status};
+use mtmc_planner::critique::Diagnosis;
+use mtmc_planner::episode::{Episode, Reward};
+use mtmc_planner::features::{Problem as PlanProblem, observe};
+use mtmc_planner::planners::Planner;
+use mtmc_planner::policy::{Checkpoint, Cpu};
+use mtmc_planner::ppo::PpoConfig;
+use mtmc_planner::rng::Rng;
+use mtmc_planner::rtg::RewardToGo;
+use mtmc_planner::space::{ACTIONS, Config, Move};
+use mtmc_planner::store::{StepRecord, Store, now};
+use mtmc_planner::tree::{self, TreeEnv, TreeProblem};
+
+use crate::cmd::optimize::{
+    Found, Gemm, ProblemJudge, build, conclude, judge_program, problem_source, regions, write,
+};
+
+/// Which planner `--planner` names.
+#[derive(Clone, Debug)]
+pub enum Choice {
+    /// A uniformly random legal move.
+    Random,
+    /// The hand-written rules.
+    Greedy,
+    /// Every program in a fixed order.
+    Exhaustive,
+    /// A checkpoint written by `mtmc train`.
+    Trained(PathBuf),
+}
+
+impl std::str::FromStr for Choice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Choice, String> {
+        Ok(match s {
+            "random" => Choice::Random,
+            "greedy" => Choice::Greedy,
+            "exhaustive" => Choice::Exhaustive,
+            path => {
+                let p = PathBuf::from(path);
+                if !p.join("meta.json").is_file() {
+                    return Err(format!(
+                        "`{path}` is neither random, greedy, exhaustive nor a checkpoint folder (one with meta.json, written by `mtmc train --out DIR`)"
+                    ));
+                }
+                Choice::Trained(p)
+            }
+        })
+    }
+}
+
+/// A planner ready to act, with its reward-to-go model when the
+/// checkpoint has one.
+pub struct Loaded {
+    planner: Planner,
+    rtg: Option<RewardToGo<Cpu>>,
+    version: String,
+}
+
+impl Choice {
+    /// Loads the planner (`seed` drives the random one).
+    pub fn load(&self, seed: u64) -> Result<Loaded> {
+        Ok(match self {
+            Choice::Random => Loaded {
+                planner: Planner::Random(Rng::new(seed)),
+                rtg: None,
+                version: "random".into(),
+            },
+            Choice::Greedy => Loaded {
+                planner: Planner::Greedy,
+                rtg: None,
+                version: "greedy".into(),
+            },
+            Choice::Exhaustive => Loaded {
+                planner: Planner::Exhaustive,
+                rtg: None,
+                version: "exhaustive".into(),
+            },
+            Choice::Trained(dir) => {
+                let (net, meta) = Checkpoint::at(dir).load::<Cpu>(&Default::default())?;
+                Loaded {
+                    planner: Planner::Trained(Box::new(net)),
+                    rtg: mtmc_planner::rtg::load(dir).map_err(anyhow::Error::msg)?,
+                    version: meta.version,
+                }
+            }
+        })
+    }
+}
+
+/// Candidates the reward-to-go model reranks: the policy's most likely
+/// legal moves.
+const RERANK: usize = 3;
+
+impl Loaded {
+    /// The next move: the planner's, or (trained with a reward-to-go
+    /// model) the best-predicted of the policy's top [`RERANK`].
+    fn choose(
+        &mut self,
+        p: &PlanProblem,
+        e: &Episode,
+        obs: &[f32],
+        mask: &[bool; ACTIONS],
+    ) -> Move {
+        if let (Planner::Trained(net), Some(rtg)) = (&self.planner, &self.rtg) {
+            let device = Default::default();
+            let (probs, _) = net.act(obs, mask, &device);
+            let mut top: Vec<usize> = (0..ACTIONS)
+                .filter(|&i| mask[i] && i != Move::Stop.index())
+                .collect();
+            top.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+            top.truncate(RERANK);
+            // Stop stays the policy's call.
+            let best = probs
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i);
+            if best == Some(Move::Stop.index()) || top.is_empty() {
+                return Move::Stop;
+            }
+            let pick = top
+                .iter()
+                .copied()
+                .max_by(|&a, &b| {
+                    rtg.score(obs, a, &device)
+                        .total_cmp(&rtg.score(obs, b, &device))
+                })
+                .unwrap_or(top[0]);
+            return Move::from_index(pick);
+        }
+        self.planner.choose(p, e, obs, mask)
+    }
+}
+
+/// How a planned search runs.
+pub struct PlanSettings {
+    /// Evaluations per episode.
+    pub budget: usize,
+    /// Stop once the best program reaches this fraction of the roofline.
+    pub near_roofline: f64,
+    /// Print each step's critique.
+    pub verbose: bool,
+    /// Take a program's outcome from the store when it was judged before
+    /// (exploration: the tree's node is known), instead of judging again.
+    pub reuse: bool,
+}
+
+/// What one planned episode found.
+pub struct EpisodeResult {
+    /// Best speedup against eager (0: nothing correct).
+    pub best: f64,
+    /// Evaluations made.
+    pub evaluations: usize,
+    /// Whether a program was written.
+    pub wrote: bool,
+}
+
+/// A step's program: judged before (its recorded diagnosis) or built now.
+enum Known {
+    Recorded(Diagnosis),
+    Built(Result<Program, mtmc_coder::session::Failure>),
+}
+
+/// The H100's spec, which the planner's graph features are computed for.
+fn h100() -> mtmc_actions::device::DeviceSpec {
+    let specs = builtin_devices();
+    find_device(&specs, "H100")
+        .cloned()
+        .unwrap_or_else(|| specs[0].clone())
+}
+
+/// Builds configuration `c` of graph `g` cut into `regions`.
+fn build_config(
+    g: &OpGraph,
+    regions: &[Vec<u32>],
+    c: &Config,
+) -> Result<Program, mtmc_coder::session::Failure> {
+    let chosen: Vec<Vec<u32>> = regions
+        .iter()
+        .zip(&c.kernels)
+        .filter(|&(_, &k)| k)
+        .map(|(r, _)| r.clone())
+        .collect();
+    let gemm = if c.gemm { Gemm::Kernel } else { Gemm::Library };
+    let params = Params {
+        block: c.block,
+        vector: c.vector,
+    };
+    build(g, &chosen, params, c.fuse, gemm, TemplateCoder, false).map(|(p, _)| p)
+}
+
+/// The SHA-256 of a program's fragments and their concatenated code.
+fn fragments(program: &Program) -> (String, String) {
+    let code: String = program
+        .fragments
+        .iter()
+        .map(|f| format!("// {}\n{}\n", f.name, f.source))
+        .collect();
+    let hash = if code.is_empty() {
+        String::new()
+    } else {
+        crate::source::sha256_hex(&code)
+    };
+    (hash, code)
+}
+
+/// One planned episode on KernelBench problem `p` (graph `g`): each step
+/// printed, recorded in `store`, the best program written to `out_dir`.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_problem(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    planner: &mut Loaded,
+    settings: &PlanSettings,
+    mut store: Option<&mut Store>,
+    out_dir: Option<&Path>,
+    seed: u64,
+) -> Result<EpisodeResult> {
+    let source = problem_source(p)?;
+    // Ops no family covers leave no region: every move is a library call.
+    let regions = regions(g, true, false).unwrap_or_default();
+    let problem = PlanProblem::new(&p.full_name(), g, regions.len(), &h100());
+    let prior = match store.as_deref() {
+        Some(s) => {
+            s.put_problem(&problem)?;
+            s.prior(&problem.pattern, &problem.name)?
+        }
+        None => [0.0; ACTIONS],
+    };
+    let episode_id = match store.as_deref() {
+        Some(s) => Some(s.begin_episode(
+            &problem.name,
+            planner.planner.name(),
+            &planner.version,
+            seed,
+        )?),
+        None => None,
+    };
+    let reward = Reward::default();
+    let mut e = Episode::new(problem.shape, settings.budget);
+    let mut found = Found {
+        attempts: Vec::new(),
+        judged: 0,
+        correct: 0,
+        best: None,
+    };
+    writeln!(
+        out,
+        "{}: {} region(s) for kernels, pattern {}; planner {}, budget {} evaluations",
+        problem.name,
+        regions.len(),
+        problem.pattern,
+        planner.planner.name(),
+        settings.budget
+    )?;
+    while !e.done {
+        let started = now();
+        let obs = observe(&problem, &e, &prior);
+        let mask = e.mask();
+        let m = planner.choose(&problem, &e, &obs, &mask);
+        let state = e.config.key();
+        let target = e.target(m).filter(|_| m != Move::Stop && mask[m.index()]);
+        let Some(next) = target else {
+            let r = e.stop();
+            if let (Some(s), Some(id)) = (store.as_deref_mut(), episode_id) {
+                s.add_step(
+                    &problem,
+                    &planner.version,
+                    &StepRecord {
+                        episode: id,
+                        step: e.step,
+                        state,
+                        observation: obs,
+                        action: Move::Stop,
+                        next_state: String::new(),
+                        fragment_hash: String::new(),
+                        code: String::new(),
+                        outcome: String::new(),
+                        diagnosis: None,
+                        reward: r,
+                        best_speedup: e.best_speedup(),
+                        started_at: started,
+                    },
+                )?;
+            }
+            writeln!(out, "  step {}: stop", e.step)?;
+            break;
+        };
+        let label = format!("{} -> {}", m.label(), next.key());
+        let (diagnosis, outcome, hash, code) = evaluate_config(
+            &mut Judging {
+                p,
+                g,
+                regions: &regions,
+                problem: &problem,
+                source: &source,
+                judge,
+                found: &mut found,
+            },
+            store.as_deref().filter(|_| settings.reuse),
+            m,
+            &next,
+            &label,
+        )?;
+        let text = diagnosis.text();
+        let r = e.record(m, next.clone(), diagnosis.clone(), &reward);
+        writeln!(
+            out,
+            "  step {}: {label}: {text} (reward {r:+.3}, best {:.3}x)",
+            e.step,
+            e.best_speedup()
+        )?;
+        if settings.verbose
+            && diagnosis.status != Status::Correct
+            && let Some(o) = &outcome
+        {
+            let why = o.why.as_deref().or(o.error.as_deref()).unwrap_or("");
+            if let Some(line) = why.lines().next() {
+                writeln!(out, "    {line}")?;
+            }
+        }
+        if let (Some(s), Some(id)) = (store.as_deref_mut(), episode_id) {
+            s.add_step(
+                &problem,
+                &planner.version,
+                &StepRecord {
+                    episode: id,
+                    step: e.step - 1,
+                    state,
+                    observation: obs,
+                    action: m,
+                    next_state: next.key(),
+                    fragment_hash: hash,
+                    code,
+                    outcome: outcome
+                        .as_ref()
+                        .map(serde_json::to_string)
+                        .transpose()?
+                        .unwrap_or_default(),
+                    diagnosis: Some(diagnosis),
+                    reward: r,
+                    best_speedup: e.best_speedup(),
+                    started_at: started,
+                },
+            )?;
+        }
+        let near = e
+            .best
+            .as_ref()
+            .and_then(|b| b.diagnosis.roofline)
+            .is_some_and(|f| f >= settings.near_roofline);
+        if near && !e.done {
+            writeln!(
+                out,
+                "  the best program is within reach of the roofline: stop"
+            )?;
+            e.stop();
+        }
+    }
+    if let (Some(s), Some(id)) = (store.as_deref(), episode_id) {
+        s.end_episode(id, e.best_speedup())?;
+    }
+    let wrote = match out_dir {
+        Some(dir) => conclude(out, dir, &p.full_name(), found, |program| {
+            let code = mtmc_coder::export::to_model_new(g, program, &p.code)
+                .map_err(anyhow::Error::msg)?;
+            write(dir, "model_new.py", &code)?;
+            Ok("model_new.py")
+        })?,
+        None => found.best.is_some(),
+    };
+    Ok(EpisodeResult {
+        best: e.best_speedup(),
+        evaluations: e.step,
+        wrote,
+    })
+}
+
+/// What judging a configuration needs.
+struct Judging<'a> {
+    p: &'a mtmc_actions::problem::Problem,
+    g: &'a OpGraph,
+    regions: &'a [Vec<u32>],
+    problem: &'a PlanProblem,
+    source: &'a mtmc_env::evaluator::ProblemSource,
+    judge: &'a mut ProblemJudge,
+    found: &'a mut Found,
+}
+
+/// Builds and judges configuration `next` (reached by `m`), or takes its
+/// recorded outcome from `reuse`: its diagnosis, outcome, fragment hash and
+/// code. The attempt and (when best) the program are kept in `j.found`.
+fn evaluate_config(
+    j: &mut Judging<'_>,
+    reuse: Option<&Store>,
+    m: Move,
+    next: &Config,
+    label: &str,
+) -> Result<(Diagnosis, Option<Outcome>, String, String)> {
+    let known = match reuse {
+        Some(s) => s.evaluation(&j.problem.name, &next.key())?,
+        None => None,
+    };
+    let built = match known {
+        Some(d) => Known::Recorded(d),
+        None => Known::Built(build_config(j.g, j.regions, next)),
+    };
+    let found = &mut *j.found;
+    Ok(match built {
+        Known::Recorded(d) => {
+            found
+                .attempts
+                .push(serde_json::json!({"move": m.label(), "config": next.key(), "recorded": d}));
+            (d, None, String::new(), String::new())
+        }
+        Known::Built(Err(f)) => {
+            let d = Diagnosis::failed_to_build(&f.log, f.stage == Stage::Refused);
+            found
+                .attempts
+                .push(serde_json::json!({"move": m.label(), "config": next.key(), "failure": f}));
+            (
+                d,
+                None,
+                String::new(),
+                f.fragment.clone().unwrap_or_default(),
+            )
+        }
+        Known::Built(Ok(program)) => {
+            let specs = builtin_devices();
+            let o = judge_program(j.judge, j.source, j.g, &j.p.code, &program, label, &specs)?;
+            found.judged += 1;
+            found.correct += usize::from(o.status == Status::Correct);
+            let d = Diagnosis::of(&o, j.problem.bound());
+            let (hash, code) = fragments(&program);
+            keep_best(found, &program, &o, next);
+            found.attempts.push(
+                serde_json::json!({"move": m.label(), "config": next.key(), "outcome": o, "critique": d.text()}),
+            );
+            (d, Some(o), hash, code)
+        }
+    })
+}
+
+/// Exhaustive search within the budget: every program reachable from the
+/// library one, in breadth-first order of the moves that reach it (nearest
+/// first), up to `budget` of them, each recorded as a step from the
+/// program it was reached from. It builds the complete trajectory tree of
+/// small problems, against which the other planners are compared.
+#[allow(clippy::too_many_arguments)]
+pub fn enumerate_problem(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    budget: usize,
+    store: &mut Store,
+    version: &str,
+    seed: u64,
+) -> Result<EpisodeResult> {
+    let source = problem_source(p)?;
+    let regions = regions(g, true, false).unwrap_or_default();
+    let problem = PlanProblem::new(&p.full_name(), g, regions.len(), &h100());
+    store.put_problem(&problem)?;
+    let prior = store.prior(&problem.pattern, &problem.name)?;
+    let id = store.begin_episode(&problem.name, "exhaustive", version, seed)?;
+    let reward = Reward::default();
+    let mut e = Episode::new(problem.shape, budget);
+    let mut found = Found {
+        attempts: Vec::new(),
+        judged: 0,
+        correct: 0,
+        best: None,
+    };
+    let start = Config::library(problem.shape);
+    let mut queue = std::collections::VecDeque::from([(
+        start.clone(),
+        Move::CallLibrary(mtmc_planner::space::Slot::All),
+        start,
+    )]);
+    let mut queued: std::collections::BTreeSet<String> = ["library".to_string()].into();
+    while let Some((parent, m, next)) = queue.pop_front() {
+        if e.step >= budget {
+            break;
+        }
+        let started = now();
+        e.config = parent.clone();
+        let obs = observe(&problem, &e, &prior);
+        let label = format!("{} -> {}", m.label(), next.key());
+        let (diagnosis, outcome, hash, code) = evaluate_config(
+            &mut Judging {
+                p,
+                g,
+                regions: &regions,
+                problem: &problem,
+                source: &source,
+                judge,
+                found: &mut found,
+            },
+            Some(&*store),
+            m,
+            &next,
+            &label,
+        )?;
+        let r = e.record(m, next.clone(), diagnosis.clone(), &reward);
+        writeln!(out, "  {label}: {} (reward {r:+.3})", diagnosis.text())?;
+        store.add_step(
+            &problem,
+            version,
+            &StepRecord {
+                episode: id,
+                step: e.step - 1,
+                state: parent.key(),
+                observation: obs,
+                action: m,
+                next_state: next.key(),
+                fragment_hash: hash,
+                code,
+                outcome: outcome
+                    .as_ref()
+                    .map(serde_json::to_string)
+                    .transpose()?
+                    .unwrap_or_default(),
+                diagnosis: Some(diagnosis),
+                reward: r,
+                best_speedup: e.best_speedup(),
+                started_at: started,
+            },
+        )?;
+        for m in Move::all().filter(|&m| m != Move::Stop) {
+            if let Some(c) = next.apply(m, problem.shape)
+                && queued.insert(c.key())
+            {
+                queue.push_back((next.clone(), m, c));
+            }
+        }
+    }
+    store.end_episode(id, e.best_speedup())?;
+    Ok(EpisodeResult {
+        best: e.best_speedup(),
+        evaluations: e.step,
+        wrote: found.best.is_some(),
+    })
+}
+
+/// Keeps `program` as the best when it is the fastest correct one (or,
+/// with nothing run, the first that compiled).
+fn keep_best(found: &mut Found, program: &Program, o: &Outcome, c: &Config) {
+    let params = Params {
+        block: c.block,
+        vector: c.vector,
+    };
+    match (o.status, &o.runtime) {
+        (Status::Correct, Some(rt)) if found.best.as_ref().is_none_or(|b| rt.mean_ms < b.0) => {
+            found.best = Some((rt.mean_ms, program.clone(), params, o.clone()));
+        }
+        (Status::CompiledOnly, _) if found.best.is_none() => {
+            found.best = Some((f64::INFINITY, program.clone(), params, o.clone()));
+        }
+        _ => {}
+    }
+}
+
+/// The fixed train/test rule: a problem is held out for testing when the
+/// first byte of the SHA-256 of its full name (`L2/76_…`) is a multiple of
+/// 5 (about one problem in five).
+pub fn held_out(name: &str) -> bool {
+    let hex = crate::source::sha256_hex(name);
+    u8::from_str_radix(&hex[..2], 16).is_ok_and(|b| b % 5 == 0)
+}
+
+/// Which problems a command takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Split {
+    /// Problems not held out.
+    Train,
+    /// Held-out problems.
+    Test,
+    /// Every problem.
+    All,
+}
+
+impl Split {
+    fn keeps(self, name: &str) -> bool {
+        match self {
+            Split::Train => !held_out(name),
+            Split::Test => held_out(name),
+            Split::All => true,
+        }
+    }
+}
+
+/// What `mtmc explore` was asked to do.
+pub struct ExploreRequest<'a> {
+    /// `--kernelbench`.
+    pub kernelbench: Option<&'a Path>,
+    /// Problems by name.
+    pub names: &'a [String],
+    /// Whole levels.
+    pub levels: &'a [u32],
+    /// Which side of the split.
+    pub split: Split,
+    /// The planner that explores.
+    pub planner: Choice,
+    /// Episodes per problem.
+    pub episodes: usize,
+    /// Evaluations per episode.
+    pub budget: usize,
+    /// The store.
+    pub store: &'a Path,
+    /// Limit per candidate.
+    pub timeout: Duration,
+    /// Seed.
+    pub seed: u64,
+}
+
+/// Runs episodes on each chosen problem, recording them; problems with
+/// enough finished episodes of this planner in the store are skipped, so a
+/// stopped run resumes.
+pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<()> {
+    let problems = crate::source::Problems::load(req.kernelbench)?;
+    let mut chosen: Vec<&mtmc_actions::problem::Problem> = Vec::new();
+    for name in req.names {
+        chosen.push(problems.find(name)?);
+    }
+    chosen.extend(
+        problems
+            .list
+            .iter()
+            .filter(|p| req.levels.contains(&p.level)),
+    );
+    let mut seen = std::collections::HashSet::new();
+    chosen.retain(|p| seen.insert(p.full_name()) && req.split.keeps(&p.full_name()));
+    if chosen.is_empty() {
+        bail!("no problem chosen: name problems or pass --level N (and check --split)");
+    }
+    let mut store = Store::open(req.store)?;
+    let mut loaded = req.planner.load(req.seed)?;
+    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"]);
+    let done = store.finished_episodes(loaded.planner.name())?;
+    let work: Vec<(&mtmc_actions::problem::Problem, usize)> = chosen
+        .iter()
+        .map(|p| {
+            (
+                *p,
+                req.episodes
+                    .saturating_sub(done.get(&p.full_name()).copied().unwrap_or(0)),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let total: usize = work.iter().map(|w| w.1).sum();
+    writeln!(
+        out,
+        "explore: {} problem(s), {} episode(s) to run ({} already in {}); planner {}, budget {}; {}",
+        chosen.len(),
+        total,
+        chosen.len() * req.episodes - total,
+        req.store.display(),
+        loaded.planner.name(),
+        req.budget,
+        if gpu {
+            "judged on the GPU"
+        } else {
+            "no GPU: compile only, nothing is run or timed"
+        }
+    )?;
+    let graphs = problems.graphs(&work.iter().map(|w| w.0).collect::<Vec<_>>())?;
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
+            .expect("a valid template"),
+    );
+    let settings = PlanSettings {
+        budget: req.budget,
+        near_roofline: f64::INFINITY,
+        verbose: false,
+        reuse: true,
+    };
+    let mut log = Vec::new();
+    for ((p, n), traced) in work.iter().zip(graphs) {
+        let g = match traced.graph {
+            Ok(g) => g,
+            Err(e) => {
+                bar.suspend(|| writeln!(out, "{}: no graph ({e}); skipped", p.full_name()))?;
+                bar.inc(*n as u64);
+                continue;
+            }
+        };
+        for k in 0..*n {
+            bar.set_message(format!("{} episode {}", p.full_name(), k + 1));
+            log.clear();
+            let seed = req.seed.wrapping_add(k as u64);
+            let r = if matches!(req.planner, Choice::Exhaustive) {
+                enumerate_problem(
+                    &mut log,
+                    p,
+                    &g,
+                    &mut judge,
+                    req.budget,
+                    &mut store,
+                    &loaded.version,
+                    seed,
+                )
+            } else {
+                plan_problem(
+                    &mut log,
+                    p,
+                    &g,
+                    &mut judge,
+                    &mut loaded,
+                    &settings,
+                    Some(&mut store),
+                    None,
+                    seed,
+                )
+            };
+            match r {
+                Ok(r) => bar.suspend(|| {
+                    writeln!(
+                        out,
+                        "{}: episode {}: best {:.3}x in {} evaluation(s)",
+                        p.full_name(),
+                        k + 1,
+                        r.best,
+                        r.evaluations
+                    )
+                })?,
+                Err(e) => {
+                    bar.suspend(|| writeln!(out, "{}: episode failed: {e:#}", p.full_name()))?
+                }
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    writeln!(
+        out,
+        "store: {} ({} steps in all)",
+        req.store.display(),
+        store.steps()?.len()
+    )?;
+    Ok(())
+}
+
+/// What `mtmc train` was asked to do.
+pub struct TrainRequest<'a> {
+    /// The store.
+    pub store: &'a Path,
+    /// The checkpoint folder.
+    pub out_dir: &'a Path,
+    /// Iterations in all.
+    pub iterations: usize,
+    /// PPO's settings.
+    pub ppo: PpoConfig,
+    /// Continue from the checkpoint in `out_dir`.
+    pub resume: bool,
+}
+
+/// Trains the policy on the training problems' recorded tree, then the
+/// reward-to-go model, and reports its ranking quality on the held-out
+/// problems' steps.
+pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> {
+    let store = Store::open(req.store)?;
+    let all = tree::load(&store, None)?;
+    let (train, test): (Vec<TreeProblem>, Vec<TreeProblem>) =
+        all.into_iter().partition(|p| !held_out(&p.problem.name));
+    if train.is_empty() {
+        bail!(
+            "`{}` has no recorded training problem: run `mtmc explore --split train` first",
+            req.store.display()
+        );
+    }
+    let checkpoint = Checkpoint::at(req.out_dir);
+    let resume = req.resume && checkpoint.exists();
+    if !req.resume && checkpoint.exists() {
+        bail!(
+            "`{}` already holds a checkpoint: pass --resume to continue it, or another --out",
+            req.out_dir.display()
+        );
+    }
+    let transitions: usize = train.iter().map(|p| p.evals.len()).sum();
+    writeln!(
+        out,
+        "train: {} training problem(s) ({} recorded programs), {} held out; {} iteration(s) of {} episodes{}",
+        train.len(),
+        transitions,
+        test.len(),
+        req.iterations,
+        req.ppo.episodes,
+        if resume { ", resuming" } else { "" }
+    )?;
+    let bar = ProgressBar::new(req.iterations as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
+            .expect("a valid template"),
+    );
+    let t0 = Instant::now();
+    let rows = mtmc_planner::train::train(
+        Arc::new(train),
+        &req.ppo,
+        req.iterations,
+        req.out_dir,
+        resume,
+        |r| {
+            bar.set_position(r.iteration as u64);
+            bar.set_message(format!(
+                "return {:.3}, best {:.3}x, entropy {:.3}",
+                r.mean_return, r.best_speedup, r.entropy
+            ));
+        },
+    )?;
+    bar.finish_and_clear();
+    let seconds = t0.elapsed().as_secs_f64();
+    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+        writeln!(
+            out,
+            "iterations {}..{}: mean return {:.3} -> {:.3}, best speedup (geomean) {:.3}x -> {:.3}x, entropy {:.3} -> {:.3}, value loss {:.4} -> {:.4}",
+            first.iteration,
+            last.iteration,
+            first.mean_return,
+            last.mean_return,
+            first.best_speedup,
+            last.best_speedup,
+            first.entropy,
+            last.entropy,
+            first.value_loss,
+            last.value_loss
+        )?;
+    }
+    // The reward-to-go model: fitted on the training problems' steps,
+    // ranked on the held-out ones'.
+    let steps = store.steps()?;
+    let samples = mtmc_planner::rtg::samples(&steps);
+    let (fit, held): (Vec<_>, Vec<_>) = samples.into_iter().partition(|s| !held_out(&s.problem));
+    let rtg = mtmc_planner::rtg::fit(&fit, 64, 60, req.ppo.seed);
+    mtmc_planner::rtg::save(&rtg, req.out_dir, 64).map_err(anyhow::Error::msg)?;
+    let ranking = mtmc_planner::rtg::ranking(&rtg, &held);
+    writeln!(
+        out,
+        "reward-to-go: fitted on {} step(s); on {} held-out step(s): Spearman {:.3}, pairwise accuracy {:.3} over {} pair(s)",
+        fit.len(),
+        ranking.samples,
+        ranking.spearman,
+        ranking.pairwise,
+        ranking.pairs
+    )?;
+    let summary = serde_json::json!({
+        "iterations": rows.len(),
+        "seconds": seconds,
+        "seconds_per_iteration": seconds / (req.iterations.saturating_sub(rows.first().map_or(1, |r| r.iteration) - 1)).max(1) as f64,
+        "ppo": req.ppo,
+        "reward_to_go": ranking,
+        "curves": rows,
+    });
+    let path = req.out_dir.join("train.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")
+        .with_context(|| format!("cannot write `{}`", path.display()))?;
+    writeln!(
+        out,
+        "wrote {}: policy.mpk, optimizer.mpk, rtg.mpk, curves.csv, curves.svg, train.json ({seconds:.1} s)",
+        req.out_dir.display()
+    )?;
+    Ok(())
+}
+
+/// One planner's figures in `compare`.
+#[derive(Debug, serde::Serialize)]
+struct Row {
+    planner: String,
+    problems: usize,
+    geomean_speedup: f64,
+    fast_1: f64,
+    evaluations: f64,
+    of_exhaustive: f64,
+}
+
+/// Replays each planner on the held-out problems' recorded tree with
+/// `budget` evaluations (exhaustive: every recorded program), and prints
+/// the comparison table.
+pub fn compare(
+    out: &mut dyn std::io::Write,
+    store_path: &Path,
+    checkpoint: Option<&Path>,
+    budget: usize,
+    split: Split,
+    json: Option<&Path>,
+) -> Result<()> {
+    let store = Store::open(store_path)?;
+    let problems: Vec<TreeProblem> = tree::load(&store, None)?
+        .into_iter()
+        .filter(|p| split.keeps(&p.problem.name))
+        .collect();
+    if problems.is_empty() {
+        bail!(
+            "`{}` has no recorded problem in this split: run `mtmc explore` on them first",
+            store_path.display()
+        );
+    }
+    let problems = Arc::new(problems);
+    let exhaustive: Vec<f64> = problems.iter().map(TreeProblem::best).collect();
+    let mut planners: Vec<(String, Choice)> = Vec::new();
+    if let Some(dir) = checkpoint {
+        planners.push(("trained".into(), Choice::Trained(dir.to_path_buf())));
+    }
+    planners.push(("random".into(), Choice::Random));
+    planners.push(("greedy".into(), Choice::Greedy));
+    let mut rows = Vec::new();
+    for (name, choice) in &planners {
+        // The random planner: the mean over 10 seeds.
+        let seeds = if matches!(choice, Choice::Random) {
+            10
+        } else {
+            1
+        };
+        let mut bests = vec![0.0f64; problems.len()];
+        let mut evals = 0usize;
+        for seed in 0..seeds {
+            let mut loaded = choice.load(seed)?;
+            for (k, p) in problems.iter().enumerate() {
+                let (best, used) = replay(&mut loaded, &problems, k, budget);
+                bests[k] += best.max(1.0).ln() / seeds as f64;
+                evals += used;
+                let _ = p;
+            }
+        }
+        let bests: Vec<f64> = bests.iter().map(|l| l.exp()).collect();
+        rows.push(row(
+            name,
+            &bests,
+            evals as f64 / (seeds as usize * problems.len()) as f64,
+            &exhaustive,
+        ));
+    }
+    let all: usize = problems.iter().map(|p| p.evals.len()).sum();
+    rows.push(row(
+        "exhaustive",
+        &exhaustive.iter().map(|b| b.max(1.0)).collect::<Vec<_>>(),
+        all as f64 / problems.len() as f64,
+        &exhaustive,
+    ));
+    writeln!(
+        out,
+        "{} problem(s) ({:?} split), budget {budget} evaluations (exhaustive: every recorded program); outcomes replayed from {}",
+        problems.len(),
+        split,
+        store_path.display()
+    )?;
+    writeln!(
+        out,
+        "{:<11} {:>9} {:>8} {:>12} {:>14}",
+        "planner", "geomean", "fast_1", "evaluations", "of exhaustive"
+    )?;
+    for r in &rows {
+        writeln!(
+            out,
+            "{:<11} {:>8.3}x {:>7.1}% {:>12.1} {:>13.1}%",
+            r.planner,
+            r.geomean_speedup,
+            100.0 * r.fast_1,
+            r.evaluations,
+            100.0 * r.of_exhaustive
+        )?;
+    }
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    Ok(())
+}
+
+fn row(name: &str, bests: &[f64], evaluations: f64, exhaustive: &[f64]) -> Row {
+    let n = bests.len().max(1) as f64;
+    let geo = |x: &[f64]| (x.iter().map(|b| b.max(1.0).ln()).sum::<f64>() / n).exp();
+    Row {
+        planner: name.into(),
+        problems: bests.len(),
+        geomean_speedup: geo(bests),
+        fast_1: bests.iter().filter(|&&b| b > 1.0).count() as f64 / n,
+        evaluations,
+        of_exhaustive: geo(bests) / geo(exhaustive),
+    }
+}
+
+/// One episode of `loaded` on recorded problem `k`: its best speedup and
+/// the evaluations it used.
+fn replay(
+    loaded: &mut Loaded,
+    problems: &Arc<Vec<TreeProblem>>,
+    k: usize,
+    budget: usize,
+) -> (f64, usize) {
+    use mtmc_planner::tree::Environment;
+    let mut env = TreeEnv::new(problems.clone(), budget, 0);
+    env.start(k);
+    loop {
+        let obs = env.state();
+        let m = loaded.choose(
+            &env.problem().problem,
+            env.episode(),
+            &obs.features,
+            &obs.mask,
+        );
+        let m = if obs.mask[m.index()] { m } else { Move::Stop };
+        if env.step(m.index()).done {
+            break;
+        }
+    }
+    (env.episode().best_speedup(), env.episode().step)
+}
+
+/// What `mtmc optimize --planner` was asked to do.
+pub struct OptimizeRequest<'a> {
+    /// `--kernelbench`.
+    pub kernelbench: Option<&'a Path>,
+    /// The problem.
+    pub name: &'a str,
+    /// The planner.
+    pub planner: Choice,
+    /// The search's settings.
+    pub settings: PlanSettings,
+    /// Where the steps are recorded, if anywhere.
+    pub store: Option<&'a Path>,
+    /// Where the best program and the report go.
+    pub out_dir: &'a Path,
+    /// Limit per candidate.
+    pub timeout: Duration,
+    /// Seed (the random planner).
+    pub seed: u64,
+}
+
+/// A planner-guided search on one KernelBench problem.
+pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Result<()> {
+    let problems = crate::source::Problems::load(req.kernelbench)?;
+    let p = problems.find(req.name)?;
+    let g = problems
+        .graphs(&[p])?
+        .remove(0)
+        .graph
+        .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
+    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    if !gpu {
+        writeln!(
+            out,
+            "no GPU: every program is judged by compile only (nothing is run or timed)"
+        )?;
+    }
+    let mut judge = ProblemJudge::new(gpu, req.timeout, true);
+    let mut loaded = req.planner.load(req.seed)?;
+    let mut store = req.store.map(Store::open).transpose()?;
+    let r = plan_problem(
+        out,
+        p,
+        &g,
+        &mut judge,
+        &mut loaded,
+        &req.settings,
+        store.as_mut(),
+        Some(req.out_dir),
+        req.seed,
+    )?;
+    if !r.wrote {
+        bail!(
+            "no program was correct in {} evaluation(s); the attempts are in {}",
+            r.evaluations,
+            req.out_dir.join("report.json").display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! The planner's commands end to end on the CPU (compile-only: real NVRTC,
+//! nothing run): `explore` fills a real SQLite store and resumes, `train`
+//! writes a checkpoint and curves and refuses to overwrite one, `compare`
+//! prints the table, and `optimize --planner` uses the checkpoint.
+
+mod common;
+
+use common::{mtmc, shared_jsonl};
+
+#[test]
+fn explore_train_compare_and_a_planned_optimize() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("traj.sqlite");
+    let ck = dir.path().join("ck");
+    let kb = shared_jsonl();
+    let store_s = store.to_string_lossy().into_owned();
+    let ck_s = ck.to_string_lossy().into_owned();
+
+    // L2/76: a GEMM and a pointwise region; L1/24: a softmax row.
+    let explore = |planner: &str, episodes: &str| {
+        mtmc(&[
+            "--kernelbench",
+            &kb,
+            "explore",
+            "L2/76",
+            "L1/24",
+            "--split",
+            "all",
+            "--planner",
+            planner,
+            "--episodes",
+            episodes,
+            "--budget",
+            "6",
+            "--trajectories",
+            &store_s,
+        ])
+        .success()
+    };
+    let run = explore("exhaustive", "1");
+    assert!(
+        run.stdout.contains("no GPU: compile only"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout
+            .contains("L2/76_Gemm_Add_ReLU: episode 1: best 0.000x in 6 evaluation(s)"),
+        "{}",
+        run.stdout
+    );
+    let run = explore("random", "2");
+    assert!(run.stdout.contains("4 episode(s) to run"), "{}", run.stdout);
+    // Run again: nothing left to do.
+    let again = explore("random", "2");
+    assert!(
+        again.stdout.contains("0 episode(s) to run (4 already in"),
+        "{}",
+        again.stdout
+    );
+
+    let conn = mtmc_planner::store::Store::open(&store).unwrap();
+    assert_eq!(conn.integrity().unwrap(), "ok");
+    let evals = conn.evaluations("L2/76_Gemm_Add_ReLU").unwrap();
+    assert!(
+        evals.contains_key("library") && evals.contains_key("k1 gemm b256 v1"),
+        "{:?}",
+        evals.keys()
+    );
+    // Compile-only outcomes are reused, not judged again: the random
+    // episodes add no program the exhaustive one had.
+    assert!(conn.steps().unwrap().len() >= 12);
+
+    let train = |iterations: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--trajectories",
+            &store_s,
+            "--out",
+            &ck_s,
+            "--iterations",
+            iterations,
+            "--episodes",
+            "8",
+            "--hidden",
+            "32",
+        ];
+        args.extend_from_slice(extra);
+        mtmc(&args)
+    };
+    let run = train("3", &[]).success();
+    assert!(run.stdout.contains("iterations 1..3"), "{}", run.stdout);
+    for f in [
+        "meta.json",
+        "policy.mpk",
+        "optimizer.mpk",
+        "rtg.mpk",
+        "curves.csv",
+        "curves.svg",
+        "train.json",
+    ] {
+        assert!(ck.join(f).is_file(), "{f} missing");
+    }
+    let csv = std::fs::read_to_string(ck.join("curves.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    let svg = std::fs::read_to_string(ck.join("curves.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
+    // A checkpoint is never overwritten by accident; --resume continues it.
+    let err = train("3", &[]).failure();
+    assert!(err.error.contains("pass --resume"), "{}", err.error);
+    let run = train("5", &["--resume"]).success();
+    assert!(
+        run.stdout.contains("resuming") && run.stdout.contains("iterations 1..5"),
+        "{}",
+        run.stdout
+    );
+    let csv = std::fs::read_to_string(ck.join("curves.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 6, "{csv}");
+
+    let run = mtmc(&[
+        "compare",
+        "--trajectories",
+        &store_s,
+        "--checkpoint",
+        &ck_s,
+        "--split",
+        "all",
+    ])
+    .success();
+    for planner in ["trained", "random", "greedy", "exhaustive"] {
+        assert!(
+            run.stdout.lines().any(|l| l.starts_with(planner)),
+            "{}",
+            run.stdout
+        );
+    }
+
+    let out = dir.path().join("out");
+    let run = mtmc(&[
+        "--kernelbench",
+        &kb,
+        "optimize",
+        "L1/24",
+        "--planner",
+        &ck_s,
+        "--budget",
+        "3",
+        "--out",
+        &out.to_string_lossy(),
+    ])
+    .success();
+    assert!(
+        run.stdout.contains("planner trained, budget 3"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("step 1: "), "{}", run.stdout);
+    assert!(out.join("model_new.py").is_file());
+
+    let bad = mtmc(&[
+        "--kernelbench",
+        &kb,
+        "optimize",
+        "L1/24",
+        "--planner",
+        "nowhere",
+    ])
+    .failure();
+    assert!(bad.error.contains("checkpoint folder"), "{}", bad.error);
+}
