@@ -196,7 +196,7 @@ pub fn write_curves(dir: &Path, rows: &[CurveRow]) -> Result<(), TrainError> {
     let mut text = format!("{HEADER}\n");
     for r in rows {
         text += &format!(
-            "{},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.3}\n",
+            "{},{},{},{},{},{},{},{},{:.3}\n",
             r.iteration,
             r.mean_return,
             r.best_speedup,
