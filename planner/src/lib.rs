@@ -4,8 +4,15 @@
 //!
 //! - [`space`]: the moves (kind × region × parameter) and their legality;
 //! - [`critique`]: the diagnosis of an outcome, as features and text;
-//! - [`episode`]: an episode's state and the reward;
-//! - [`features`]: the observation vector;
+//! - [`episode`]: an episode's state and the reward (max-reward shaping);
+//! - [`features`]: the graph features and the observation vector;
+//! - [`store`]: the SQLite trajectory store and the knowledge base;
+//! - [`tree`]: the offline environment on the recorded trajectory tree;
+//! - [`policy`], [`ppo`], [`train`]: the network, PPO with GAE, training
+//!   with curves and checkpoints;
+//! - [`rtg`]: the reward-to-go model;
+//! - [`planners`]: trained, random, greedy and exhaustive planners;
+//! - [`rng`]: the seeded generator everything random draws from.
 
 pub mod critique;
 pub mod episode;
