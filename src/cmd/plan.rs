@@ -312,7 +312,7 @@ pub fn plan_problem(
             break;
         };
         let label = format!("{} -> {}", m.label(), next.key());
-        let (diagnosis, outcome, hash, code) = evaluate_config(
+        let ev = evaluate_config(
             &mut Judging {
                 p,
                 g,
@@ -327,8 +327,8 @@ pub fn plan_problem(
             &next,
             &label,
         )?;
-        let text = diagnosis.text();
-        let r = e.record(m, next.clone(), diagnosis.clone(), &reward);
+        let text = ev.diagnosis.text();
+        let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
         writeln!(
             out,
             "  step {}: {label}: {text} (reward {r:+.3}, best {:.3}x)",
@@ -336,8 +336,8 @@ pub fn plan_problem(
             e.best_speedup()
         )?;
         if settings.verbose
-            && diagnosis.status != Status::Correct
-            && let Some(o) = &outcome
+            && ev.diagnosis.status != Status::Correct
+            && let Some(o) = &ev.outcome
         {
             let why = o.why.as_deref().or(o.error.as_deref()).unwrap_or("");
             if let Some(line) = why.lines().next() {
@@ -348,25 +348,7 @@ pub fn plan_problem(
             s.add_step(
                 &problem,
                 &planner.version,
-                &StepRecord {
-                    episode: id,
-                    step: e.step - 1,
-                    state,
-                    observation: obs,
-                    action: m,
-                    next_state: next.key(),
-                    fragment_hash: hash,
-                    code,
-                    outcome: outcome
-                        .as_ref()
-                        .map(serde_json::to_string)
-                        .transpose()?
-                        .unwrap_or_default(),
-                    diagnosis: Some(diagnosis),
-                    reward: r,
-                    best_speedup: e.best_speedup(),
-                    started_at: started,
-                },
+                &ev.step(id, &e, state, obs, m, &next, r, started)?,
             )?;
         }
         let near = e
@@ -401,6 +383,55 @@ pub fn plan_problem(
     })
 }
 
+/// A judged (or recalled) configuration.
+struct Evaluated {
+    diagnosis: Diagnosis,
+    /// The outcome, when it was judged now.
+    outcome: Option<Outcome>,
+    /// SHA-256 of its fragments (empty when nothing was built now).
+    hash: String,
+    /// Its fragments' code.
+    code: String,
+}
+
+impl Evaluated {
+    /// The store's row for the step that evaluated `next` from `state`,
+    /// recorded in episode `e` (whose step count already includes it).
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        self,
+        episode: i64,
+        e: &Episode,
+        state: String,
+        observation: Vec<f32>,
+        action: Move,
+        next: &Config,
+        reward: f64,
+        started_at: f64,
+    ) -> Result<StepRecord> {
+        Ok(StepRecord {
+            episode,
+            step: e.step - 1,
+            state,
+            observation,
+            action,
+            next_state: next.key(),
+            fragment_hash: self.hash,
+            code: self.code,
+            outcome: self
+                .outcome
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()?
+                .unwrap_or_default(),
+            diagnosis: Some(self.diagnosis),
+            reward,
+            best_speedup: e.best_speedup(),
+            started_at,
+        })
+    }
+}
+
 /// What judging a configuration needs.
 struct Judging<'a> {
     p: &'a mtmc_actions::problem::Problem,
@@ -421,7 +452,7 @@ fn evaluate_config(
     m: Move,
     next: &Config,
     label: &str,
-) -> Result<(Diagnosis, Option<Outcome>, String, String)> {
+) -> Result<Evaluated> {
     let known = match reuse {
         Some(s) => s.evaluation(&j.problem.name, &next.key())?,
         None => None,
@@ -436,19 +467,24 @@ fn evaluate_config(
             found
                 .attempts
                 .push(serde_json::json!({"move": m.label(), "config": next.key(), "recorded": d}));
-            (d, None, String::new(), String::new())
+            Evaluated {
+                diagnosis: d,
+                outcome: None,
+                hash: String::new(),
+                code: String::new(),
+            }
         }
         Known::Built(Err(f)) => {
             let d = Diagnosis::failed_to_build(&f.log, f.stage == Stage::Refused);
             found
                 .attempts
                 .push(serde_json::json!({"move": m.label(), "config": next.key(), "failure": f}));
-            (
-                d,
-                None,
-                String::new(),
-                f.fragment.clone().unwrap_or_default(),
-            )
+            Evaluated {
+                diagnosis: d,
+                outcome: None,
+                hash: String::new(),
+                code: f.fragment.clone().unwrap_or_default(),
+            }
         }
         Known::Built(Ok(program)) => {
             let specs = builtin_devices();
@@ -461,7 +497,12 @@ fn evaluate_config(
             found.attempts.push(
                 serde_json::json!({"move": m.label(), "config": next.key(), "outcome": o, "critique": d.text()}),
             );
-            (d, Some(o), hash, code)
+            Evaluated {
+                diagnosis: d,
+                outcome: Some(o),
+                hash,
+                code,
+            }
         }
     })
 }
@@ -511,7 +552,7 @@ pub fn enumerate_problem(
         e.config = parent.clone();
         let obs = observe(&problem, &e, &prior);
         let label = format!("{} -> {}", m.label(), next.key());
-        let (diagnosis, outcome, hash, code) = evaluate_config(
+        let ev = evaluate_config(
             &mut Judging {
                 p,
                 g,
@@ -526,31 +567,10 @@ pub fn enumerate_problem(
             &next,
             &label,
         )?;
-        let r = e.record(m, next.clone(), diagnosis.clone(), &reward);
-        writeln!(out, "  {label}: {} (reward {r:+.3})", diagnosis.text())?;
-        store.add_step(
-            &problem,
-            version,
-            &StepRecord {
-                episode: id,
-                step: e.step - 1,
-                state: parent.key(),
-                observation: obs,
-                action: m,
-                next_state: next.key(),
-                fragment_hash: hash,
-                code,
-                outcome: outcome
-                    .as_ref()
-                    .map(serde_json::to_string)
-                    .transpose()?
-                    .unwrap_or_default(),
-                diagnosis: Some(diagnosis),
-                reward: r,
-                best_speedup: e.best_speedup(),
-                started_at: started,
-            },
-        )?;
+        let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
+        writeln!(out, "  {label}: {} (reward {r:+.3})", ev.diagnosis.text())?;
+        let record = ev.step(id, &e, parent.key(), obs, m, &next, r, started)?;
+        store.add_step(&problem, version, &record)?;
         for m in Move::all().filter(|&m| m != Move::Stop) {
             if let Some(c) = next.apply(m, problem.shape)
                 && queued.insert(c.key())
