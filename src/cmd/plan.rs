@@ -893,7 +893,6 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     let summary = serde_json::json!({
         "iterations": rows.len(),
         "seconds": seconds,
-        "seconds_per_iteration": seconds / (req.iterations.saturating_sub(rows.first().map_or(1, |r| r.iteration) - 1)).max(1) as f64,
         "ppo": req.ppo,
         "reward_to_go": ranking,
         "curves": rows,
@@ -962,11 +961,10 @@ pub fn compare(
         let mut evals = 0usize;
         for seed in 0..seeds {
             let mut loaded = choice.load(seed)?;
-            for (k, p) in problems.iter().enumerate() {
+            for (k, b) in bests.iter_mut().enumerate() {
                 let (best, used) = replay(&mut loaded, &problems, k, budget);
-                bests[k] += best.max(1.0).ln() / seeds as f64;
+                *b += best.max(1.0).ln() / seeds as f64;
                 evals += used;
-                let _ = p;
             }
         }
         let bests: Vec<f64> = bests.iter().map(|l| l.exp()).collect();
