@@ -550,6 +550,7 @@ fn add_roofline(o: &mut Outcome, g: &OpGraph, specs: &[mtmc_actions::device::Dev
 
 /// Every attempt, and the fastest correct program (at infinity when
 /// nothing was run and the program only compiled).
+#[derive(Default)]
 pub(crate) struct Found {
     pub(crate) attempts: Vec<serde_json::Value>,
     /// Programs handed to the evaluator, and how many it found correct.
@@ -567,12 +568,7 @@ fn search(
     target: Target,
     mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
-    let mut found = Found {
-        attempts: Vec::new(),
-        judged: 0,
-        correct: 0,
-        best: None,
-    };
+    let mut found = Found::default();
     // Launch parameters do not change values: once a program is wrong,
     // its other launch variants are skipped; only the variant with the
     // pointwise chains kept apart is still tried, and after that nothing.
@@ -1081,12 +1077,7 @@ fn llm_search(
     use mtmc_coder::llm::{LlmCoder, program_text};
     let coder = LlmCoder::new(llm.client.clone());
     let mut session = Session::new(g, &coder, Arch::SM90);
-    let mut found = Found {
-        attempts: Vec::new(),
-        judged: 0,
-        correct: 0,
-        best: None,
-    };
+    let mut found = Found::default();
     let mut step = 0;
     'regions: for region in regions {
         let mut action = Action {

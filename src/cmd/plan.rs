@@ -241,10 +241,8 @@ pub fn plan_problem(
     out_dir: Option<&Path>,
     seed: u64,
 ) -> Result<EpisodeResult> {
-    let source = problem_source(p)?;
-    // Ops no family covers leave no region: every move is a library call.
-    let regions = regions(g, true, false).unwrap_or_default();
-    let problem = PlanProblem::new(&p.full_name(), g, regions.len(), &h100());
+    let mut j = Judging::new(p, g, judge)?;
+    let problem = j.problem.clone();
     let prior = match store.as_deref() {
         Some(s) => {
             s.put_problem(&problem)?;
@@ -263,17 +261,11 @@ pub fn plan_problem(
     };
     let reward = Reward::default();
     let mut e = Episode::new(problem.shape, settings.budget);
-    let mut found = Found {
-        attempts: Vec::new(),
-        judged: 0,
-        correct: 0,
-        best: None,
-    };
     writeln!(
         out,
         "{}: {} region(s) for kernels, pattern {}; planner {}, budget {} evaluations",
         problem.name,
-        regions.len(),
+        j.regions.len(),
         problem.pattern,
         planner.planner.name(),
         settings.budget
@@ -312,16 +304,7 @@ pub fn plan_problem(
             break;
         };
         let label = format!("{} -> {}", m.label(), next.key());
-        let ev = evaluate_config(
-            &mut Judging {
-                p,
-                g,
-                regions: &regions,
-                problem: &problem,
-                source: &source,
-                judge,
-                found: &mut found,
-            },
+        let ev = j.evaluate(
             store.as_deref().filter(|_| settings.reuse),
             m,
             &next,
@@ -368,13 +351,13 @@ pub fn plan_problem(
         s.end_episode(id, e.best_speedup())?;
     }
     let wrote = match out_dir {
-        Some(dir) => conclude(out, dir, &p.full_name(), found, |program| {
+        Some(dir) => conclude(out, dir, &p.full_name(), j.found, |program| {
             let code = mtmc_coder::export::to_model_new(g, program, &p.code)
                 .map_err(anyhow::Error::msg)?;
             write(dir, "model_new.py", &code)?;
             Ok("model_new.py")
         })?,
-        None => found.best.is_some(),
+        None => j.found.best.is_some(),
     };
     Ok(EpisodeResult {
         best: e.best_speedup(),
@@ -432,79 +415,112 @@ impl Evaluated {
     }
 }
 
-/// What judging a configuration needs.
+/// One problem's judging: its setup (made once per episode), the judge,
+/// and every attempt with the best program so far.
 struct Judging<'a> {
     p: &'a mtmc_actions::problem::Problem,
     g: &'a OpGraph,
-    regions: &'a [Vec<u32>],
-    problem: &'a PlanProblem,
-    source: &'a mtmc_env::evaluator::ProblemSource,
+    /// Regions for kernels (none where an op has no family: every move is
+    /// then a library call).
+    regions: Vec<Vec<u32>>,
+    problem: PlanProblem,
+    source: mtmc_env::evaluator::ProblemSource,
     judge: &'a mut ProblemJudge,
-    found: &'a mut Found,
+    found: Found,
 }
 
-/// Builds and judges configuration `next` (reached by `m`), or takes its
-/// recorded outcome from `reuse`: its diagnosis, outcome, fragment hash and
-/// code. The attempt and (when best) the program are kept in `j.found`.
-fn evaluate_config(
-    j: &mut Judging<'_>,
-    reuse: Option<&Store>,
-    m: Move,
-    next: &Config,
-    label: &str,
-) -> Result<Evaluated> {
-    let known = match reuse {
-        Some(s) => s.evaluation(&j.problem.name, &next.key())?,
-        None => None,
-    };
-    let built = match known {
-        Some(d) => Known::Recorded(d),
-        None => Known::Built(build_config(j.g, j.regions, next)),
-    };
-    let found = &mut *j.found;
-    Ok(match built {
-        Known::Recorded(d) => {
-            found
-                .attempts
-                .push(serde_json::json!({"move": m.label(), "config": next.key(), "recorded": d}));
-            Evaluated {
-                diagnosis: d,
-                outcome: None,
-                hash: String::new(),
-                code: String::new(),
+impl<'a> Judging<'a> {
+    fn new(
+        p: &'a mtmc_actions::problem::Problem,
+        g: &'a OpGraph,
+        judge: &'a mut ProblemJudge,
+    ) -> Result<Judging<'a>> {
+        let source = problem_source(p)?;
+        let regions = regions(g, true, false).unwrap_or_default();
+        let problem = PlanProblem::new(&p.full_name(), g, regions.len(), &h100());
+        Ok(Judging {
+            p,
+            g,
+            regions,
+            problem,
+            source,
+            judge,
+            found: Found::default(),
+        })
+    }
+
+    /// Builds and judges configuration `next` (reached by `m`), or takes
+    /// its recorded outcome from `reuse`: its diagnosis, outcome, fragment
+    /// hash and code. The attempt and (when best) the program are kept in
+    /// `found`.
+    fn evaluate(
+        &mut self,
+        reuse: Option<&Store>,
+        m: Move,
+        next: &Config,
+        label: &str,
+    ) -> Result<Evaluated> {
+        let known = match reuse {
+            Some(s) => s.evaluation(&self.problem.name, &next.key())?,
+            None => None,
+        };
+        let built = match known {
+            Some(d) => Known::Recorded(d),
+            None => Known::Built(build_config(self.g, &self.regions, next)),
+        };
+        let found = &mut self.found;
+        Ok(match built {
+            Known::Recorded(d) => {
+                found.attempts.push(
+                    serde_json::json!({"move": m.label(), "config": next.key(), "recorded": d}),
+                );
+                Evaluated {
+                    diagnosis: d,
+                    outcome: None,
+                    hash: String::new(),
+                    code: String::new(),
+                }
             }
-        }
-        Known::Built(Err(f)) => {
-            let d = Diagnosis::failed_to_build(&f.log, f.stage == Stage::Refused);
-            found
-                .attempts
-                .push(serde_json::json!({"move": m.label(), "config": next.key(), "failure": f}));
-            Evaluated {
-                diagnosis: d,
-                outcome: None,
-                hash: String::new(),
-                code: f.fragment.clone().unwrap_or_default(),
+            Known::Built(Err(f)) => {
+                let d = Diagnosis::failed_to_build(&f.log, f.stage == Stage::Refused);
+                found.attempts.push(
+                    serde_json::json!({"move": m.label(), "config": next.key(), "failure": f}),
+                );
+                Evaluated {
+                    diagnosis: d,
+                    outcome: None,
+                    hash: String::new(),
+                    code: f.fragment.clone().unwrap_or_default(),
+                }
             }
-        }
-        Known::Built(Ok(program)) => {
-            let specs = builtin_devices();
-            let o = judge_program(j.judge, j.source, j.g, &j.p.code, &program, label, &specs)?;
-            found.judged += 1;
-            found.correct += usize::from(o.status == Status::Correct);
-            let d = Diagnosis::of(&o, j.problem.bound());
-            let (hash, code) = fragments(&program);
-            keep_best(found, &program, &o, next);
-            found.attempts.push(
+            Known::Built(Ok(program)) => {
+                let specs = builtin_devices();
+                let o = judge_program(
+                    self.judge,
+                    &self.source,
+                    self.g,
+                    &self.p.code,
+                    &program,
+                    label,
+                    &specs,
+                )?;
+                found.judged += 1;
+                found.correct += usize::from(o.status == Status::Correct);
+                let d = Diagnosis::of(&o, self.problem.bound());
+                let (hash, code) = fragments(&program);
+                keep_best(found, &program, &o, next);
+                found.attempts.push(
                 serde_json::json!({"move": m.label(), "config": next.key(), "outcome": o, "critique": d.text()}),
             );
-            Evaluated {
-                diagnosis: d,
-                outcome: Some(o),
-                hash,
-                code,
+                Evaluated {
+                    diagnosis: d,
+                    outcome: Some(o),
+                    hash,
+                    code,
+                }
             }
-        }
-    })
+        })
+    }
 }
 
 /// Exhaustive search within the budget: every program reachable from the
@@ -523,20 +539,13 @@ pub fn enumerate_problem(
     version: &str,
     seed: u64,
 ) -> Result<EpisodeResult> {
-    let source = problem_source(p)?;
-    let regions = regions(g, true, false).unwrap_or_default();
-    let problem = PlanProblem::new(&p.full_name(), g, regions.len(), &h100());
+    let mut j = Judging::new(p, g, judge)?;
+    let problem = j.problem.clone();
     store.put_problem(&problem)?;
     let prior = store.prior(&problem.pattern, &problem.name)?;
     let id = store.begin_episode(&problem.name, "exhaustive", version, seed)?;
     let reward = Reward::default();
     let mut e = Episode::new(problem.shape, budget);
-    let mut found = Found {
-        attempts: Vec::new(),
-        judged: 0,
-        correct: 0,
-        best: None,
-    };
     let start = Config::library(problem.shape);
     let mut queue = std::collections::VecDeque::from([(
         start.clone(),
@@ -552,21 +561,7 @@ pub fn enumerate_problem(
         e.config = parent.clone();
         let obs = observe(&problem, &e, &prior);
         let label = format!("{} -> {}", m.label(), next.key());
-        let ev = evaluate_config(
-            &mut Judging {
-                p,
-                g,
-                regions: &regions,
-                problem: &problem,
-                source: &source,
-                judge,
-                found: &mut found,
-            },
-            Some(&*store),
-            m,
-            &next,
-            &label,
-        )?;
+        let ev = j.evaluate(Some(&*store), m, &next, &label)?;
         let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
         writeln!(out, "  {label}: {} (reward {r:+.3})", ev.diagnosis.text())?;
         let record = ev.step(id, &e, parent.key(), obs, m, &next, r, started)?;
@@ -583,7 +578,7 @@ pub fn enumerate_problem(
     Ok(EpisodeResult {
         best: e.best_speedup(),
         evaluations: e.step,
-        wrote: found.best.is_some(),
+        wrote: j.found.best.is_some(),
     })
 }
 
