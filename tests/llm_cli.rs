@@ -91,6 +91,12 @@ fn optimize_with_the_llm_coder_runs_end_to_end_and_replays_offline() {
         "{}",
         run.stdout
     );
+    // The critique the coder gets carries the planner's diagnosis.
+    assert!(
+        run.stdout.contains("    diagnosis: compiled only"),
+        "{}",
+        run.stdout
+    );
     assert!(
         run.stdout.contains("llm: 1 call(s), 1 request(s)"),
         "{}",
@@ -104,6 +110,12 @@ fn optimize_with_the_llm_coder_runs_end_to_end_and_replays_offline() {
             .unwrap();
     let attempts = report["attempts"].as_array().unwrap();
     assert!(attempts.iter().any(|a| a["llm"]["calls"] == 1), "{report}");
+    assert!(
+        attempts
+            .iter()
+            .any(|a| a["diagnosis"]["status"] == "compiled_only"),
+        "{report}"
+    );
     // The endpoint got the key, in the header only.
     let seen = server.requests();
     assert_eq!(seen.len(), 1);

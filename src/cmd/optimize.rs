@@ -21,13 +21,12 @@ use mtmc_coder::render::to_cuda_program;
 use mtmc_coder::session::{Failure, Session, Stage};
 use mtmc_coder::template::TemplateCoder;
 use mtmc_coder::template::triton::TritonCoder;
-use mtmc_env::evaluator::{
-    Candidate, CompileOnly, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings,
-};
+use mtmc_env::evaluator::{Candidate, CompileOnly, Evaluator, ProblemSource, WorkerSettings};
 use mtmc_env::native::{GraphSource, NativeEvaluator};
 use mtmc_env::nvrtc::Arch;
 use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
-use mtmc_env::worker::{Protocol, WorkerSlot};
+use mtmc_env::pool::WorkerPool;
+use mtmc_env::worker::Protocol;
 
 use crate::cmd::bench::Target;
 use crate::cmd::show::Subject;
@@ -274,12 +273,13 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
 }
 
 /// Judges a KernelBench problem's programs: as exported `ModelNew` files by
-/// one persistent worker (kept across problems), or by compile only when
-/// the machine has no GPU.
+/// persistent workers (kept across problems; one per GPU when the machine
+/// has several, so that several candidates are in flight at once), or by
+/// compile only when the machine has no GPU.
 pub struct ProblemJudge {
     pub(crate) gpu: bool,
     runtime: tokio::runtime::Runtime,
-    worker: WorkerEvaluator,
+    pool: WorkerPool,
 }
 
 impl ProblemJudge {
@@ -306,13 +306,28 @@ impl ProblemJudge {
             limit: timeout,
             ..WorkerSettings::default()
         };
+        // One worker per GPU when there are several; otherwise one worker
+        // that sees what the machine has.
+        let gpus = match mtmc_env::probe::driver() {
+            Ok(d) if gpu && d.gpus.len() > 1 => (0..d.gpus.len() as u32).collect(),
+            _ => Vec::new(),
+        };
         ProblemJudge {
             gpu,
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a current-thread runtime starts"),
-            worker: WorkerEvaluator::new(WorkerSlot::new(None), settings),
+            pool: WorkerPool::new(&gpus, &settings),
+        }
+    }
+
+    /// Candidates judged at once: one per worker (GPU).
+    pub fn in_flight(&self) -> usize {
+        if self.gpu {
+            self.pool.evaluators().len()
+        } else {
+            1
         }
     }
 }
@@ -522,22 +537,53 @@ pub(crate) fn judge_program(
     label: &str,
     specs: &[mtmc_actions::device::DeviceSpec],
 ) -> Result<Outcome> {
-    let code = mtmc_coder::export::to_model_new(g, program, code).map_err(anyhow::Error::msg)?;
-    if !judge.gpu {
-        return Ok(Outcome::new(
-            EvaluatorKind::CompileOnly,
-            Status::CompiledOnly,
-        ));
-    }
-    let candidate = Candidate::Python {
-        name: format!("model_new {label}"),
+    let mut all = judge_programs(
+        judge,
+        problem,
+        g,
         code,
-    };
-    let mut o = judge
+        &[(program, label.to_string())],
+        specs,
+    )?;
+    Ok(all.remove(0))
+}
+
+/// Judges several programs at once, each on whichever worker (GPU) is free
+/// first; the outcomes come back in the programs' order.
+pub(crate) fn judge_programs(
+    judge: &mut ProblemJudge,
+    problem: &ProblemSource,
+    g: &OpGraph,
+    code: &str,
+    programs: &[(&Program, String)],
+    specs: &[mtmc_actions::device::DeviceSpec],
+) -> Result<Vec<Outcome>> {
+    let mut candidates = Vec::new();
+    for (program, label) in programs {
+        let code =
+            mtmc_coder::export::to_model_new(g, program, code).map_err(anyhow::Error::msg)?;
+        candidates.push(Candidate::Python {
+            name: format!("model_new {label}"),
+            code,
+        });
+    }
+    if !judge.gpu {
+        return Ok(programs
+            .iter()
+            .map(|_| Outcome::new(EvaluatorKind::CompileOnly, Status::CompiledOnly))
+            .collect());
+    }
+    let results = judge
         .runtime
-        .block_on(judge.worker.evaluate(problem, &candidate))?;
-    add_roofline(&mut o, g, specs);
-    Ok(o)
+        .block_on(judge.pool.evaluate_all(problem, candidates));
+    results
+        .into_iter()
+        .map(|d| {
+            let mut o = d.result?;
+            add_roofline(&mut o, g, specs);
+            Ok(o)
+        })
+        .collect()
 }
 
 /// The roofline of the graph on the outcome's GPU, convolutions at the
@@ -1077,6 +1123,10 @@ fn llm_search(
     use mtmc_coder::llm::{LlmCoder, program_text};
     let coder = LlmCoder::new(llm.client.clone());
     let mut session = Session::new(g, &coder, Arch::SM90);
+    // The planner's structured diagnosis goes to the coder with the critique.
+    let specs = builtin_devices();
+    let spec = find_device(&specs, "H100").unwrap_or(&specs[0]);
+    let bound = mtmc_planner::features::Problem::new("", g, regions.len(), spec).bound();
     let mut found = Found::default();
     let mut step = 0;
     'regions: for region in regions {
@@ -1146,13 +1196,18 @@ fn llm_search(
                     }
                 }
             };
-            let critique = match (&by_model, llm.critic) {
-                (Some(m), Critic::Llm | Critic::Both) => m.clone(),
-                _ => ruled.clone(),
-            };
+            let diagnosis = mtmc_planner::critique::Diagnosis::of(&o, bound);
+            let critique = format!(
+                "{}\ndiagnosis: {}",
+                match (&by_model, llm.critic) {
+                    (Some(m), Critic::Llm | Critic::Both) => m,
+                    _ => &ruled,
+                },
+                diagnosis.text()
+            );
             writeln!(out, "  {label}: {ruled}")?;
             if llm.verbose {
-                writeln!(out, "    critique: {critique}")?;
+                writeln!(out, "    critique: {}", critique.replace('\n', "\n    "))?;
             }
             found.attempts.push(serde_json::json!({
                 "step": step,
@@ -1160,6 +1215,7 @@ fn llm_search(
                 "outcome": o,
                 "critique_rules": ruled,
                 "critique_llm": by_model,
+                "diagnosis": diagnosis,
             }));
             let good = matches!(o.status, Status::Correct | Status::CompiledOnly);
             if good {

@@ -35,7 +35,7 @@ use mtmc_planner::store::{StepRecord, Store, now};
 use mtmc_planner::tree::{self, TreeEnv, TreeProblem};
 
 use crate::cmd::optimize::{
-    Found, Gemm, ProblemJudge, build, conclude, judge_program, problem_source, regions, write,
+    Found, Gemm, ProblemJudge, build, conclude, judge_programs, problem_source, regions, write,
 };
 
 /// Which planner `--planner` names.
@@ -263,12 +263,16 @@ pub fn plan_problem(
     let mut e = Episode::new(problem.shape, settings.budget);
     writeln!(
         out,
-        "{}: {} region(s) for kernels, pattern {}; planner {}, budget {} evaluations",
+        "{}: {} region(s) for kernels, pattern {}; planner {}, budget {} evaluations{}",
         problem.name,
         j.regions.len(),
         problem.pattern,
         planner.planner.name(),
-        settings.budget
+        settings.budget,
+        match j.judge.in_flight() {
+            1 => String::new(),
+            n => format!(", {n} in flight (one per GPU)"),
+        }
     )?;
     while !e.done {
         let started = now();
@@ -303,36 +307,38 @@ pub fn plan_problem(
             writeln!(out, "  step {}: stop", e.step)?;
             break;
         };
-        let label = format!("{} -> {}", m.label(), next.key());
-        let ev = j.evaluate(
-            store.as_deref().filter(|_| settings.reuse),
-            m,
-            &next,
-            &label,
-        )?;
-        let text = ev.diagnosis.text();
-        let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
-        writeln!(
-            out,
-            "  step {}: {label}: {text} (reward {r:+.3}, best {:.3}x)",
-            e.step,
-            e.best_speedup()
-        )?;
-        if settings.verbose
-            && ev.diagnosis.status != Status::Correct
-            && let Some(o) = &ev.outcome
-        {
-            let why = o.why.as_deref().or(o.error.as_deref()).unwrap_or("");
-            if let Some(line) = why.lines().next() {
-                writeln!(out, "    {line}")?;
-            }
-        }
-        if let (Some(s), Some(id)) = (store.as_deref_mut(), episode_id) {
-            s.add_step(
-                &problem,
-                &planner.version,
-                &ev.step(id, &e, state, obs, m, &next, r, started)?,
+        let slots = j.judge.in_flight().min(e.max_steps - e.step);
+        let round = look_ahead(planner, &problem, &e, &prior, (m, next, obs), slots);
+        let asked: Vec<(Move, Config, String)> = round
+            .iter()
+            .map(|(m, next, _)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
+            .collect();
+        let judged = j.evaluate(store.as_deref().filter(|_| settings.reuse), &asked)?;
+        for ((ev, (m, next, obs)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
+            let text = ev.diagnosis.text();
+            let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
+            writeln!(
+                out,
+                "  step {}: {label}: {text} (reward {r:+.3}, best {:.3}x)",
+                e.step,
+                e.best_speedup()
             )?;
+            if settings.verbose
+                && ev.diagnosis.status != Status::Correct
+                && let Some(o) = &ev.outcome
+            {
+                let why = o.why.as_deref().or(o.error.as_deref()).unwrap_or("");
+                if let Some(line) = why.lines().next() {
+                    writeln!(out, "    {line}")?;
+                }
+            }
+            if let (Some(s), Some(id)) = (store.as_deref_mut(), episode_id) {
+                s.add_step(
+                    &problem,
+                    &planner.version,
+                    &ev.step(id, &e, state.clone(), obs, m, &next, r, started)?,
+                )?;
+            }
         }
         let near = e
             .best
@@ -364,6 +370,36 @@ pub fn plan_problem(
         evaluations: e.step,
         wrote,
     })
+}
+
+/// A round of candidates in flight at once: `first` (the planner's move,
+/// its program and observation), then, up to `slots` in all, the moves the
+/// planner would make next if those before were already taken. All refine
+/// the same best program; the round ends early where the planner stops.
+fn look_ahead(
+    planner: &mut Loaded,
+    problem: &PlanProblem,
+    e: &Episode,
+    prior: &[f32; ACTIONS],
+    first: (Move, Config, Vec<f32>),
+    slots: usize,
+) -> Vec<(Move, Config, Vec<f32>)> {
+    let mut round = vec![first];
+    let mut ahead = e.clone();
+    while round.len() < slots {
+        ahead.seen.insert(round[round.len() - 1].1.key());
+        let obs = observe(problem, &ahead, prior);
+        let mask = ahead.mask();
+        let m = planner.choose(problem, &ahead, &obs, &mask);
+        match ahead
+            .target(m)
+            .filter(|_| m != Move::Stop && mask[m.index()])
+        {
+            Some(next) => round.push((m, next, obs)),
+            None => break,
+        }
+    }
+    round
 }
 
 /// A judged (or recalled) configuration.
@@ -449,77 +485,92 @@ impl<'a> Judging<'a> {
         })
     }
 
-    /// Builds and judges configuration `next` (reached by `m`), or takes
-    /// its recorded outcome from `reuse`: its diagnosis, outcome, fragment
-    /// hash and code. The attempt and (when best) the program are kept in
-    /// `found`.
+    /// Builds and judges configurations (each `next` reached by its move
+    /// `m`, with a label), or takes their recorded outcomes from `reuse`:
+    /// diagnosis, outcome, fragment hash and code, in the order asked. The
+    /// programs built are judged together, one per worker (GPU) at a time.
+    /// Every attempt and (when best) the program are kept in `found`.
     fn evaluate(
         &mut self,
         reuse: Option<&Store>,
-        m: Move,
-        next: &Config,
-        label: &str,
-    ) -> Result<Evaluated> {
-        let known = match reuse {
-            Some(s) => s.evaluation(&self.problem.name, &next.key())?,
-            None => None,
-        };
-        let built = match known {
-            Some(d) => Known::Recorded(d),
-            None => Known::Built(build_config(self.g, &self.regions, next)),
-        };
+        asked: &[(Move, Config, String)],
+    ) -> Result<Vec<Evaluated>> {
+        let mut known = Vec::new();
+        for (_, next, _) in asked {
+            let recorded = match reuse {
+                Some(s) => s.evaluation(&self.problem.name, &next.key())?,
+                None => None,
+            };
+            known.push(match recorded {
+                Some(d) => Known::Recorded(d),
+                None => Known::Built(build_config(self.g, &self.regions, next)),
+            });
+        }
+        let to_judge: Vec<(&Program, String)> = known
+            .iter()
+            .zip(asked)
+            .filter_map(|(k, (_, _, label))| match k {
+                Known::Built(Ok(program)) => Some((program, label.clone())),
+                _ => None,
+            })
+            .collect();
+        let specs = builtin_devices();
+        let mut outcomes = judge_programs(
+            self.judge,
+            &self.source,
+            self.g,
+            &self.p.code,
+            &to_judge,
+            &specs,
+        )?
+        .into_iter();
         let found = &mut self.found;
-        Ok(match built {
-            Known::Recorded(d) => {
-                found.attempts.push(
-                    serde_json::json!({"move": m.label(), "config": next.key(), "recorded": d}),
-                );
-                Evaluated {
-                    diagnosis: d,
-                    outcome: None,
-                    hash: String::new(),
-                    code: String::new(),
+        let mut done = Vec::new();
+        for (k, (m, next, _)) in known.into_iter().zip(asked) {
+            done.push(match k {
+                Known::Recorded(d) => {
+                    found.attempts.push(
+                        serde_json::json!({"move": m.label(), "config": next.key(), "recorded": d}),
+                    );
+                    Evaluated {
+                        diagnosis: d,
+                        outcome: None,
+                        hash: String::new(),
+                        code: String::new(),
+                    }
                 }
-            }
-            Known::Built(Err(f)) => {
-                let d = Diagnosis::failed_to_build(&f.log, f.stage == Stage::Refused);
-                found.attempts.push(
-                    serde_json::json!({"move": m.label(), "config": next.key(), "failure": f}),
-                );
-                Evaluated {
-                    diagnosis: d,
-                    outcome: None,
-                    hash: String::new(),
-                    code: f.fragment.clone().unwrap_or_default(),
+                Known::Built(Err(f)) => {
+                    let d = Diagnosis::failed_to_build(&f.log, f.stage == Stage::Refused);
+                    found.attempts.push(
+                        serde_json::json!({"move": m.label(), "config": next.key(), "failure": f}),
+                    );
+                    Evaluated {
+                        diagnosis: d,
+                        outcome: None,
+                        hash: String::new(),
+                        code: f.fragment.clone().unwrap_or_default(),
+                    }
                 }
-            }
-            Known::Built(Ok(program)) => {
-                let specs = builtin_devices();
-                let o = judge_program(
-                    self.judge,
-                    &self.source,
-                    self.g,
-                    &self.p.code,
-                    &program,
-                    label,
-                    &specs,
-                )?;
-                found.judged += 1;
-                found.correct += usize::from(o.status == Status::Correct);
-                let d = Diagnosis::of(&o, self.problem.bound());
-                let (hash, code) = fragments(&program);
-                keep_best(found, &program, &o, next);
-                found.attempts.push(
-                serde_json::json!({"move": m.label(), "config": next.key(), "outcome": o, "critique": d.text()}),
-            );
-                Evaluated {
-                    diagnosis: d,
-                    outcome: Some(o),
-                    hash,
-                    code,
+                Known::Built(Ok(program)) => {
+                    let o = outcomes.next().expect("an outcome per program judged");
+                    found.judged += 1;
+                    found.correct += usize::from(o.status == Status::Correct);
+                    let d = Diagnosis::of(&o, self.problem.bound());
+                    let (hash, code) = fragments(&program);
+                    keep_best(found, &program, &o, next);
+                    found.attempts.push(
+                        serde_json::json!({"move": m.label(), "config": next.key(), "outcome": o, "critique": d.text()}),
+                    );
+                    Evaluated {
+                        diagnosis: d,
+                        outcome: Some(o),
+                        hash,
+                        code,
+                    }
                 }
-            }
-        })
+            });
+        }
+        Ok(done)
     }
 }
 
@@ -553,24 +604,29 @@ pub fn enumerate_problem(
         start,
     )]);
     let mut queued: std::collections::BTreeSet<String> = ["library".to_string()].into();
-    while let Some((parent, m, next)) = queue.pop_front() {
-        if e.step >= budget {
-            break;
-        }
+    while e.step < budget && !queue.is_empty() {
+        // Up to one program per worker, in breadth-first order.
+        let take = j.judge.in_flight().min(budget - e.step).min(queue.len());
+        let round: Vec<(Config, Move, Config)> = queue.drain(..take).collect();
         let started = now();
-        e.config = parent.clone();
-        let obs = observe(&problem, &e, &prior);
-        let label = format!("{} -> {}", m.label(), next.key());
-        let ev = j.evaluate(Some(&*store), m, &next, &label)?;
-        let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
-        writeln!(out, "  {label}: {} (reward {r:+.3})", ev.diagnosis.text())?;
-        let record = ev.step(id, &e, parent.key(), obs, m, &next, r, started)?;
-        store.add_step(&problem, version, &record)?;
-        for m in Move::all().filter(|&m| m != Move::Stop) {
-            if let Some(c) = next.apply(m, problem.shape)
-                && queued.insert(c.key())
-            {
-                queue.push_back((next.clone(), m, c));
+        let asked: Vec<(Move, Config, String)> = round
+            .iter()
+            .map(|(_, m, next)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
+            .collect();
+        let judged = j.evaluate(Some(&*store), &asked)?;
+        for ((ev, (parent, m, next)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
+            e.config = parent.clone();
+            let obs = observe(&problem, &e, &prior);
+            let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
+            writeln!(out, "  {label}: {} (reward {r:+.3})", ev.diagnosis.text())?;
+            let record = ev.step(id, &e, parent.key(), obs, m, &next, r, started)?;
+            store.add_step(&problem, version, &record)?;
+            for m in Move::all().filter(|&m| m != Move::Stop) {
+                if let Some(c) = next.apply(m, problem.shape)
+                    && queued.insert(c.key())
+                {
+                    queue.push_back((next.clone(), m, c));
+                }
             }
         }
     }
@@ -1105,4 +1161,78 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mtmc_planner::features::GRAPH;
+    use mtmc_planner::space::Shape;
+
+    fn problem() -> PlanProblem {
+        PlanProblem {
+            name: "L2/0".into(),
+            pattern: "gemm+pointwise".into(),
+            features: vec![0.0; GRAPH],
+            shape: Shape {
+                regions: 3,
+                products: true,
+            },
+            memory_bound: true,
+        }
+    }
+
+    /// The moves of one round from `e`, with `slots` in flight.
+    fn round(planner: Choice, e: &Episode, slots: usize) -> Vec<(Move, Config)> {
+        let p = problem();
+        let prior = [0.0; ACTIONS];
+        let mut loaded = planner.load(7).unwrap();
+        let obs = observe(&p, e, &prior);
+        let m = loaded.choose(&p, e, &obs, &e.mask());
+        let next = e.target(m).unwrap();
+        look_ahead(&mut loaded, &p, e, &prior, (m, next, obs), slots)
+            .into_iter()
+            .map(|(m, c, _)| (m, c))
+            .collect()
+    }
+
+    #[test]
+    fn a_round_holds_distinct_legal_refinements_of_the_same_program() {
+        let p = problem();
+        for planner in [Choice::Random, Choice::Greedy, Choice::Exhaustive] {
+            let mut e = Episode::new(p.shape, 8);
+            let one = round(planner.clone(), &e, 1);
+            assert_eq!(one.len(), 1);
+            let four = round(planner.clone(), &e, 4);
+            assert_eq!(
+                four[0], one[0],
+                "{planner:?}: the first move is the planner's own"
+            );
+            assert!(four.len() > 1, "{planner:?}: {four:?}");
+            let keys: std::collections::BTreeSet<String> =
+                four.iter().map(|(_, c)| c.key()).collect();
+            assert_eq!(
+                keys.len(),
+                four.len(),
+                "{planner:?}: a program twice: {four:?}"
+            );
+            let mask = e.mask();
+            for (m, c) in &four {
+                // Step 0: operator-level moves only, each legal from the start.
+                assert!(mask[m.index()] && m.operator_level(), "{planner:?}: {m:?}");
+                assert_eq!(e.target(*m).as_ref(), Some(c));
+            }
+            // Once the first program is recorded, the next round does not
+            // repeat any program of this one that was recorded.
+            let (m, c) = four[0].clone();
+            e.record(
+                m,
+                c.clone(),
+                Diagnosis::failed_to_build("", true),
+                &Reward::default(),
+            );
+            let again = round(planner.clone(), &e, 4);
+            assert!(again.iter().all(|(_, k)| k.key() != c.key()), "{planner:?}");
+        }
+    }
 }
