@@ -245,6 +245,10 @@ enum Command {
         /// Continue the checkpoint in --out.
         #[arg(long)]
         resume: bool,
+        /// Where PPO runs: cpu, or cuda (burn's CUDA backend, in a build
+        /// with `--features cuda`).
+        #[arg(long, default_value = "cpu")]
+        device: mtmc_planner::policy::Device,
     },
     /// Compare the planners (trained, random, greedy, exhaustive) on the
     /// recorded outcomes of the held-out problems: geomean speedup, fast_1,
@@ -571,11 +575,13 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             lr,
             seed,
             resume,
+            device,
         } => cmd::plan::train(
             out,
             cmd::plan::TrainRequest {
                 store: &trajectories,
                 out_dir: &out_dir,
+                device,
                 iterations,
                 ppo: mtmc_planner::ppo::PpoConfig {
                     episodes,

@@ -116,6 +116,14 @@ fn explore_train_compare_and_a_planned_optimize() {
     );
     let csv = std::fs::read_to_string(ck.join("curves.csv")).unwrap();
     assert_eq!(csv.lines().count(), 6, "{csv}");
+    // Training on the GPU needs a build with burn's CUDA backend; one
+    // without it says how to get one, and the checkpoint is untouched.
+    if !cfg!(feature = "cuda") {
+        let err = train("7", &["--resume", "--device", "cuda"]).failure();
+        assert!(err.error.contains("--features cuda"), "{}", err.error);
+        let csv = std::fs::read_to_string(ck.join("curves.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 6, "{csv}");
+    }
 
     let run = mtmc(&[
         "compare",

@@ -154,6 +154,45 @@ fn float4_with_broadcast_inputs_read_per_lane_or_once() {
 }
 
 #[test]
+fn float2_reads_two_lanes_a_trip() {
+    let float2 = |src: &str, shapes: &str| {
+        let g = graph(src, shapes);
+        let params = Params {
+            block: 256,
+            vector: 2,
+        };
+        TemplateCoder.realize(&Program::default(), &g, &fuse_all(&g, params))
+    };
+    let f = float2("y = silu(a) * b", "a=4098,b=4098").unwrap();
+    compiles(&f);
+    let s = &f.source;
+    assert!(s.contains("i < n / 2;"), "{s}");
+    assert!(s.contains("reinterpret_cast<const float2*>(in0)[i]"), "{s}");
+    assert!(s.contains("make_float2(t"), "{s}");
+    assert_eq!(f.launch.grid, 9, "2049 pairs in blocks of 256");
+    // A bias over an odd last dim: one load per lane.
+    let f = float2("y = x + b", "x=4x5,b=5").unwrap();
+    compiles(&f);
+    let s = &f.source;
+    assert!(
+        s.contains("long long c1_y = ((i * 2 + 1) / 1LL) % 5LL;"),
+        "{s}"
+    );
+    assert!(!s.contains("c1_z"), "{s}");
+    let e = float2("y = a * 2", "a=4097").unwrap_err();
+    assert!(e.0.contains("float2 needs a multiple of 2 elements"), "{e}");
+    let g = graph("y = relu(x)", "x=16");
+    let params = Params {
+        block: 256,
+        vector: 3,
+    };
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &fuse_all(&g, params))
+        .unwrap_err();
+    assert!(e.0.contains("vector width 3 is not 1, 2 or 4"), "{e}");
+}
+
+#[test]
 fn what_the_family_cannot_write_is_refused_with_the_reason() {
     let g = graph("y = relu(transpose(x, dim0=0, dim1=1))", "x=4x8");
     let e = TemplateCoder

@@ -18,8 +18,10 @@ pub enum CompileKind {
     Type,
     /// Too many registers or too much shared memory.
     Resources,
-    /// Refused by the coder, or anything else.
+    /// Anything else.
     Other,
+    /// The coder has no template for it (nothing was compiled).
+    Refused,
 }
 
 /// What limits a correct program's speed.
@@ -145,7 +147,7 @@ impl Diagnosis {
     /// rejected before anything was evaluated.
     pub fn failed_to_build(log: &str, refused: bool) -> Diagnosis {
         let (kind, line) = if refused {
-            (CompileKind::Other, None)
+            (CompileKind::Refused, None)
         } else {
             compile_error(log)
         };
@@ -187,11 +189,12 @@ impl Diagnosis {
             CompileKind::Resources,
             CompileKind::Other,
         ];
-        f.extend(
-            kinds
-                .iter()
-                .map(|&k| f32::from(self.compile_kind == Some(k))),
-        );
+        // A refusal shares the last slot (nothing was compiled either way).
+        let kind = match self.compile_kind {
+            Some(CompileKind::Refused) => Some(CompileKind::Other),
+            k => k,
+        };
+        f.extend(kinds.iter().map(|&k| f32::from(kind == Some(k))));
         // log10 of the relative error, mapped so 1e-8 → 0 and 1 → 1.
         f.push(self.rel_err.map_or(0.0, |e| {
             if e.is_finite() {
@@ -222,6 +225,9 @@ impl Diagnosis {
     /// The diagnosis in a sentence or two.
     pub fn text(&self) -> String {
         let mut s = match self.status {
+            Status::CompileError if self.compile_kind == Some(CompileKind::Refused) => {
+                "refused by the coder (no template for it)".to_string()
+            }
             Status::CompileError => {
                 let kind = match self.compile_kind {
                     Some(CompileKind::Undefined) => "an undefined name",
@@ -313,6 +319,18 @@ pub fn compile_error(log: &str) -> (CompileKind, Option<u32>) {
 mod tests {
     use super::*;
     use mtmc_env::outcome::{Achieved, Baseline, EvaluatorKind, KernelReport, Timing};
+
+    #[test]
+    fn a_refusal_is_named_as_one_and_observed_like_another_build_failure() {
+        let refused = Diagnosis::failed_to_build("vector width 2 is not 1 or 4", true);
+        assert_eq!(refused.text(), "refused by the coder (no template for it)");
+        let other = Diagnosis {
+            compile_kind: Some(CompileKind::Other),
+            ..refused.clone()
+        };
+        assert_eq!(other.text(), "does not compile: an error");
+        assert_eq!(refused.features(), other.features());
+    }
 
     fn timing(ms: f64) -> Timing {
         Timing {

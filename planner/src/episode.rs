@@ -29,7 +29,7 @@ pub struct Reward {
     pub crashed: f64,
     /// It compiled and nothing was run (no GPU).
     pub compiled: f64,
-    /// It was correct.
+    /// It was the first correct program of the episode.
     pub correct: f64,
     /// Weight of the max-reward term `ln max(1, s) − ln max(1, best)`.
     pub gain: f64,
@@ -38,7 +38,7 @@ pub struct Reward {
 impl Default for Reward {
     fn default() -> Reward {
         Reward {
-            step: -0.02,
+            step: -0.005,
             build_failed: -0.5,
             wrong: -0.3,
             crashed: -0.4,
@@ -58,7 +58,11 @@ impl Reward {
             Status::Incorrect => self.wrong,
             Status::RuntimeError | Status::Timeout | Status::Crashed => self.crashed,
             Status::CompiledOnly => self.compiled,
-            Status::Correct => self.correct,
+            // Running correctly earns once, for the first correct program:
+            // after it only improvements of the best count, so a planner
+            // gains nothing by spending evaluations that cannot improve it.
+            Status::Correct if best.is_none() => self.correct,
+            Status::Correct => 0.0,
         };
         let gain = match (d.status, d.speedup_eager) {
             (Status::Correct, Some(s)) if s.is_finite() => {
@@ -217,24 +221,26 @@ mod tests {
                 &Diagnosis::failed_to_build("k.cu(1): error: x", false),
                 None,
             ),
-            -0.52,
+            -0.505,
         );
-        eq(r.of(&diag(Status::Incorrect, None), Some(2.0)), -0.32);
-        eq(r.of(&diag(Status::Crashed, None), None), -0.42);
-        eq(r.of(&diag(Status::CompiledOnly, None), None), 0.03);
+        eq(r.of(&diag(Status::Incorrect, None), Some(2.0)), -0.305);
+        eq(r.of(&diag(Status::Crashed, None), None), -0.405);
+        eq(r.of(&diag(Status::CompiledOnly, None), None), 0.045);
         // Correct but slower than eager: no gain.
-        eq(r.of(&diag(Status::Correct, Some(0.5)), None), 0.08);
+        eq(r.of(&diag(Status::Correct, Some(0.5)), None), 0.095);
         // The first correct program at 2x: gain ln 2.
         eq(
             r.of(&diag(Status::Correct, Some(2.0)), None),
-            0.08 + 2f64.ln(),
+            0.095 + 2f64.ln(),
         );
         // Better than the best so far: gain ln(3/2); worse: none.
+        // After a correct program, running correctly earns nothing more:
+        // better than the best so far gains ln(3/2); worse, only the cost.
         eq(
             r.of(&diag(Status::Correct, Some(3.0)), Some(2.0)),
-            0.08 + 1.5f64.ln(),
+            -0.005 + 1.5f64.ln(),
         );
-        eq(r.of(&diag(Status::Correct, Some(1.5)), Some(2.0)), 0.08);
+        eq(r.of(&diag(Status::Correct, Some(1.5)), Some(2.0)), -0.005);
     }
 
     #[test]

@@ -19,6 +19,49 @@ use crate::space::ACTIONS;
 pub type Cpu = burn::backend::NdArray<f32>;
 /// The CPU backend with autodiff, for training.
 pub type CpuTrain = burn::backend::Autodiff<Cpu>;
+/// The CUDA backend with autodiff, for training on the GPU machine (the
+/// crate's `cuda` feature).
+#[cfg(feature = "cuda")]
+pub type CudaTrain = burn::backend::Autodiff<burn::backend::Cuda>;
+
+/// Where training runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// burn's `ndarray` backend (the default).
+    Cpu,
+    /// burn's CUDA backend on GPU `0` (built with the `cuda` feature).
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(format!("`{other}` is not a training device: cpu or cuda")),
+        }
+    }
+}
+
+impl Device {
+    /// Whether this build can train there.
+    pub fn available(self) -> bool {
+        match self {
+            Device::Cpu => true,
+            Device::Cuda => cfg!(feature = "cuda"),
+        }
+    }
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
 
 /// Policy and value heads over a shared trunk.
 #[derive(Module, Debug)]

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::optim::Optimizer;
+use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Checkpoint, CheckpointError, CpuTrain, Meta};
+use crate::policy::{Checkpoint, CheckpointError, CpuTrain, Device, Meta};
 use crate::ppo::{AdamRecord, EpisodeSummary, Ppo, PpoConfig, rollout};
 use crate::rng::Rng;
 use crate::tree::{TreeEnv, TreeProblem};
@@ -56,6 +57,11 @@ pub enum TrainError {
     /// The checkpoint could not be read or written.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The build cannot train on the device asked for.
+    #[error(
+        "this mtmc was built without burn's CUDA backend: build it with `cargo build --release --features cuda` to train with --device cuda"
+    )]
+    NoCuda,
     /// The curves could not be written.
     #[error("cannot write `{path}`: {source}")]
     Io {
@@ -75,30 +81,64 @@ pub fn geomean_best(s: &[EpisodeSummary]) -> f64 {
     (s.iter().map(|e| e.best.max(1e-9).ln()).sum::<f64>() / s.len() as f64).exp()
 }
 
-/// Trains for `iterations` more iterations (to `iterations` in all, when
-/// resuming from the checkpoint in `dir`), calling `progress` after each.
-/// Returns every curve row, old and new.
+/// What a training run works on.
+pub struct Run<'a> {
+    /// The recorded trees of the training problems.
+    pub problems: Arc<Vec<TreeProblem>>,
+    /// PPO's settings.
+    pub config: &'a PpoConfig,
+    /// Iterations in all (a resumed run does the ones left).
+    pub iterations: usize,
+    /// The checkpoint folder.
+    pub dir: &'a Path,
+    /// Continue the checkpoint in `dir`.
+    pub resume: bool,
+}
+
+/// Trains on `device` for `run.iterations` more iterations (to that many
+/// in all, when resuming from the checkpoint in `run.dir`), calling
+/// `progress` after each. Returns every curve row, old and new. The
+/// checkpoint is the same whatever the device (burn's recorder at full
+/// precision), so a policy trained on the GPU acts on the CPU.
 pub fn train(
-    problems: Arc<Vec<TreeProblem>>,
-    config: &PpoConfig,
-    iterations: usize,
-    dir: &Path,
-    resume: bool,
+    device: Device,
+    run: Run<'_>,
+    progress: impl FnMut(&CurveRow),
+) -> Result<Vec<CurveRow>, TrainError> {
+    match device {
+        Device::Cpu => train_with::<CpuTrain>(&Default::default(), run, progress),
+        #[cfg(feature = "cuda")]
+        Device::Cuda => train_with::<crate::policy::CudaTrain>(&Default::default(), run, progress),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => Err(TrainError::NoCuda),
+    }
+}
+
+fn train_with<B: AutodiffBackend>(
+    device: &B::Device,
+    run: Run<'_>,
     mut progress: impl FnMut(&CurveRow),
 ) -> Result<Vec<CurveRow>, TrainError> {
+    let Run {
+        problems,
+        config,
+        iterations,
+        dir,
+        resume,
+    } = run;
     if problems.is_empty() {
         return Err(TrainError::Empty);
     }
-    let device = Default::default();
+    let device = device.clone();
     let ck = Checkpoint::at(dir);
-    let mut ppo = Ppo::<CpuTrain>::new(config.clone(), &device);
+    let mut ppo = Ppo::<B>::new(config.clone(), &device);
     let mut start = 0;
     let csv = dir.join("curves.csv");
     let mut rows: Vec<CurveRow> = Vec::new();
     if resume && ck.exists() {
-        let (net, meta) = ck.load::<CpuTrain>(&device)?;
+        let (net, meta) = ck.load::<B>(&device)?;
         ppo.net = net;
-        if let Some(rec) = ck.load_optimizer::<CpuTrain, AdamRecord<CpuTrain>>(&device)? {
+        if let Some(rec) = ck.load_optimizer::<B, AdamRecord<B>>(&device)? {
             ppo.optim = ppo.optim.load_record(rec);
         }
         start = meta.iteration;

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use mtmc_env::outcome::Status;
 use mtmc_planner::critique::{Diagnosis, Limit};
 use mtmc_planner::features::{GRAPH, Problem};
-use mtmc_planner::policy::{Checkpoint, Cpu, CpuTrain, Meta};
+use mtmc_planner::policy::{Checkpoint, Cpu, CpuTrain, Device, Meta};
 use mtmc_planner::ppo::{Ppo, PpoConfig, rollout};
 use mtmc_planner::rng::Rng;
 use mtmc_planner::space::{ACTIONS, Config, Move, Shape};
+use mtmc_planner::train::Run;
 use mtmc_planner::tree::{TreeEnv, TreeProblem};
 
 fn diag(speedup: Option<f64>) -> Diagnosis {
@@ -221,8 +222,18 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
     };
     let run = |dir: &std::path::Path, iterations: usize, resume: bool| {
         strip(
-            mtmc_planner::train::train(problems.clone(), &config, iterations, dir, resume, |_| {})
-                .unwrap(),
+            mtmc_planner::train::train(
+                Device::Cpu,
+                Run {
+                    problems: problems.clone(),
+                    config: &config,
+                    iterations,
+                    dir,
+                    resume,
+                },
+                |_| {},
+            )
+            .unwrap(),
         )
     };
     let (a, b, c) = (

@@ -323,12 +323,12 @@ pub fn plan_problem(
                 e.step,
                 e.best_speedup()
             )?;
-            if settings.verbose
-                && ev.diagnosis.status != Status::Correct
-                && let Some(o) = &ev.outcome
-            {
-                let why = o.why.as_deref().or(o.error.as_deref()).unwrap_or("");
-                if let Some(line) = why.lines().next() {
+            if settings.verbose && ev.diagnosis.status != Status::Correct {
+                let why = match &ev.outcome {
+                    Some(o) => o.why.as_deref().or(o.error.as_deref()),
+                    None => ev.failure.as_deref(),
+                };
+                if let Some(line) = why.and_then(|w| w.lines().next()) {
                     writeln!(out, "    {line}")?;
                 }
             }
@@ -411,6 +411,9 @@ struct Evaluated {
     hash: String,
     /// Its fragments' code.
     code: String,
+    /// Why it was not built (the first line of the coder's or compiler's
+    /// log), when it was not.
+    failure: Option<String>,
 }
 
 impl Evaluated {
@@ -537,6 +540,7 @@ impl<'a> Judging<'a> {
                         outcome: None,
                         hash: String::new(),
                         code: String::new(),
+                        failure: None,
                     }
                 }
                 Known::Built(Err(f)) => {
@@ -549,6 +553,7 @@ impl<'a> Judging<'a> {
                         outcome: None,
                         hash: String::new(),
                         code: f.fragment.clone().unwrap_or_default(),
+                        failure: f.log.lines().find(|l| !l.trim().is_empty()).map(str::to_string),
                     }
                 }
                 Known::Built(Ok(program)) => {
@@ -566,6 +571,7 @@ impl<'a> Judging<'a> {
                         outcome: Some(o),
                         hash,
                         code,
+                        failure: None,
                     }
                 }
             });
@@ -851,12 +857,17 @@ pub struct TrainRequest<'a> {
     pub ppo: PpoConfig,
     /// Continue from the checkpoint in `out_dir`.
     pub resume: bool,
+    /// Where PPO runs.
+    pub device: mtmc_planner::policy::Device,
 }
 
 /// Trains the policy on the training problems' recorded tree, then the
 /// reward-to-go model, and reports its ranking quality on the held-out
 /// problems' steps.
 pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> {
+    if !req.device.available() {
+        return Err(mtmc_planner::train::TrainError::NoCuda.into());
+    }
     let store = Store::open(req.store)?;
     let all = tree::load(&store, None)?;
     let (train, test): (Vec<TreeProblem>, Vec<TreeProblem>) =
@@ -878,12 +889,13 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     let transitions: usize = train.iter().map(|p| p.evals.len()).sum();
     writeln!(
         out,
-        "train: {} training problem(s) ({} recorded programs), {} held out; {} iteration(s) of {} episodes{}",
+        "train: {} training problem(s) ({} recorded programs), {} held out; {} iteration(s) of {} episodes on the {}{}",
         train.len(),
         transitions,
         test.len(),
         req.iterations,
         req.ppo.episodes,
+        req.device.name(),
         if resume { ", resuming" } else { "" }
     )?;
     let bar = ProgressBar::new(req.iterations as u64);
@@ -893,11 +905,14 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     );
     let t0 = Instant::now();
     let rows = mtmc_planner::train::train(
-        Arc::new(train),
-        &req.ppo,
-        req.iterations,
-        req.out_dir,
-        resume,
+        req.device,
+        mtmc_planner::train::Run {
+            problems: Arc::new(train),
+            config: &req.ppo,
+            iterations: req.iterations,
+            dir: req.out_dir,
+            resume,
+        },
         |r| {
             bar.set_position(r.iteration as u64);
             bar.set_message(format!(

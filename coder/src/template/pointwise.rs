@@ -4,7 +4,8 @@
 //! registers.
 //!
 //! The kernel is a grid-stride loop over the output's elements. With
-//! `vector = 4` and no broadcast input, each trip loads and stores `float4`.
+//! `vector` 2 or 4, each trip loads and stores `float2` / `float4` (a
+//! broadcast input lane by lane).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -509,16 +510,20 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     let vector: u32 = match vector {
         1 => 1,
-        4 if triangular => {
+        2 | 4 if triangular => {
             return Err(Refusal::new(
                 "triu and tril read each element's row and column: one element per thread",
             ));
         }
-        4 if numel.is_multiple_of(4) => 4,
-        4 => {
-            return Err(Refusal::new("float4 needs a multiple of 4 elements"));
+        w @ (2 | 4) if numel.is_multiple_of(u64::from(w)) => w,
+        w @ (2 | 4) => {
+            return Err(Refusal::new(format!(
+                "float{w} needs a multiple of {w} elements"
+            )));
         }
-        v => return Err(Refusal::new(format!("vector width {v} is not 1 or 4"))),
+        v => {
+            return Err(Refusal::new(format!("vector width {v} is not 1, 2 or 4")));
+        }
     };
 
     let mut src = String::new();
@@ -540,12 +545,16 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         "extern \"C\" __global__ void {name}({}) {{",
         params.join(", ")
     );
-    let lanes: Vec<&str> = if vector == 4 {
-        vec!["x", "y", "z", "w"]
-    } else {
-        vec![""]
+    let lanes: Vec<&str> = match vector {
+        4 => vec!["x", "y", "z", "w"],
+        2 => vec!["x", "y"],
+        _ => vec![""],
     };
-    let trips = if vector == 4 { "n / 4" } else { "n" };
+    let trips = if vector > 1 {
+        format!("n / {vector}")
+    } else {
+        "n".to_string()
+    };
     let _ = writeln!(
         src,
         "    long long stride = (long long)gridDim.x * blockDim.x;"
@@ -555,8 +564,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < {trips}; i += stride) {{"
     );
     // Coordinates of the output index that broadcast inputs need. With
-    // float4, element `i * 4 + l` is lane `l`; a coordinate whose inner
-    // extent is a multiple of 4 is the same for the four lanes.
+    // `vector` lanes (float2 / float4), element `i * vector + l` is lane
+    // `l`; a coordinate whose inner extent is a multiple of `vector` is the
+    // same for every lane.
     let mut coords = HashSet::new();
     let offsets: Vec<String> = inputs
         .iter()
@@ -567,7 +577,12 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     let mut coords: Vec<usize> = coords.into_iter().collect();
     coords.sort_unstable();
-    let shared = |d: usize| full[d + 1..].iter().product::<u64>().is_multiple_of(4);
+    let shared = |d: usize| {
+        full[d + 1..]
+            .iter()
+            .product::<u64>()
+            .is_multiple_of(u64::from(vector))
+    };
     for &d in &coords {
         let inner: u64 = full[d + 1..].iter().product();
         if vector == 1 {
@@ -579,20 +594,20 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         } else if shared(d) {
             let _ = writeln!(
                 src,
-                "        long long c{d} = (i * 4 / {inner}LL) % {}LL;",
+                "        long long c{d} = (i * {vector} / {inner}LL) % {}LL;",
                 full[d]
             );
         } else {
             for (l, lane) in lanes.iter().enumerate() {
                 let _ = writeln!(
                     src,
-                    "        long long c{d}_{lane} = ((i * 4 + {l}) / {inner}LL) % {}LL;",
+                    "        long long c{d}_{lane} = ((i * {vector} + {l}) / {inner}LL) % {}LL;",
                     full[d]
                 );
             }
         }
     }
-    // Loads: an input at the full shape as one float4; a broadcast one
+    // Loads: an input at the full shape as one float2 / float4; a broadcast one
     // lane by lane, or once when its offset is the same for every lane.
     let mut lane_names: Vec<Vec<String>> = Vec::new();
     for (k, off) in offsets.iter().enumerate() {
@@ -603,7 +618,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         } else if full_shape {
             let _ = writeln!(
                 src,
-                "        float4 v{k} = reinterpret_cast<const float4*>(in{k})[i];"
+                "        float{vector} v{k} = reinterpret_cast<const float{vector}*>(in{k})[i];"
             );
             lane_names.push(lanes.iter().map(|l| format!("v{k}.{l}")).collect());
         } else {
@@ -653,11 +668,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         results.push(names);
     }
     for (k, &t) in outputs.iter().enumerate() {
-        if vector == 4 {
+        if vector > 1 {
             let parts: Vec<&str> = results.iter().map(|r| r[&t].as_str()).collect();
             let _ = writeln!(
                 src,
-                "        reinterpret_cast<float4*>(out{k})[i] = make_float4({});",
+                "        reinterpret_cast<float{vector}*>(out{k})[i] = make_float{vector}({});",
                 parts.join(", ")
             );
         } else {
