@@ -176,3 +176,39 @@ fn explore_train_compare_and_a_planned_optimize() {
     .failure();
     assert!(bad.error.contains("checkpoint folder"), "{}", bad.error);
 }
+
+#[test]
+fn a_planned_search_can_build_from_the_rewritten_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let kb = shared_jsonl();
+    // L2/31: a convolution whose bias and layout the rewrites change.
+    let run = mtmc(&[
+        "--kernelbench",
+        &kb,
+        "optimize",
+        "L2/31",
+        "--planner",
+        "greedy",
+        "--budget",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .success();
+    let s = &run.stdout;
+    assert!(
+        s.contains("rewrites conv_bias_in_epilogue, channels_last"),
+        "{s}"
+    );
+    // Greedy: kernels first, then the same program from the rewritten graph.
+    assert!(
+        s.contains("step 1: custom_kernel(all) -> k1 b256 v1: compiled only"),
+        "{s}"
+    );
+    assert!(
+        s.contains("step 2: rewrite(on) -> k1 b256 v1 rw: compiled only"),
+        "{s}"
+    );
+    assert!(out.join("model_new.py").is_file());
+}

@@ -248,6 +248,7 @@ mod tests {
         let shape = Shape {
             regions: 2,
             products: false,
+            rewrites: false,
         };
         let r = Reward {
             step: 0.0,
@@ -280,6 +281,7 @@ mod tests {
         let shape = Shape {
             regions: 1,
             products: false,
+            rewrites: false,
         };
         let mut e = Episode::new(shape, 2);
         let m = Move::CustomKernel(Slot::All);

@@ -32,7 +32,7 @@ const CLASSES: [OpClass; 14] = [
 /// Length of [`Problem::features`].
 pub const GRAPH: usize = CLASSES.len() + 9;
 /// Length of the configuration's features.
-pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1;
+pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1 + 2;
 /// Length of the best-so-far features (besides its diagnosis).
 pub const BEST: usize = 3;
 /// Length of an observation.
@@ -91,7 +91,13 @@ impl Problem {
             name: name.to_string(),
             pattern: pattern(g),
             features: f,
-            shape: Shape { regions, products },
+            // Whether a rewrite applies is the caller's to say: it needs
+            // the rewritten graph's regions.
+            shape: Shape {
+                regions,
+                products,
+                rewrites: false,
+            },
             memory_bound: roof.bound == Bound::Memory,
         }
     }
@@ -161,6 +167,8 @@ pub fn observe(problem: &Problem, episode: &Episode, prior: &[f32; ACTIONS]) -> 
     } else {
         c.kernels[SLOTS..].iter().filter(|&&k| k).count() as f32 / more as f32
     });
+    f.push(f32::from(episode.shape.rewrites));
+    f.push(f32::from(c.rewrite));
     // The last outcome and the best one.
     let none = vec![0.0; critique::FEATURES];
     f.extend(

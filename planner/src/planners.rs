@@ -67,8 +67,8 @@ impl Planner {
 
 /// The greedy rules: kernels for everything first (or GEMM kernels when
 /// there is nothing else); when that is wrong, one region at a time; once
-/// correct, vectorize a memory-bound program, then retile up and down, then
-/// GEMM kernels, then split; the library program when nothing else is left
+/// correct, the rewritten graph, then vectorize a memory-bound program,
+/// then retile up and down, then GEMM kernels, then split; the library program when nothing else is left
 /// untried and nothing is correct yet; stop when no rule applies.
 pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> Move {
     let legal = |m: &Move| mask[m.index()];
@@ -84,6 +84,7 @@ pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> M
             Move::CallLibrary(Slot::All),
         ]);
     } else if correct || episode.best.is_some() {
+        order.push(Move::Rewrite);
         let memory = episode
             .last
             .as_ref()

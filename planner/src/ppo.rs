@@ -115,7 +115,7 @@ pub fn rollout<B: Backend>(
                 p.iter()
                     .enumerate()
                     .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map_or(ACTIONS - 1, |(i, _)| i)
+                    .map_or(crate::space::Move::Stop.index(), |(i, _)| i)
             } else {
                 rng.pick(&p)
             };

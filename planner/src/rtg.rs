@@ -291,7 +291,7 @@ mod tests {
             rec(1, 2, None),
             rec(2, 3, Some(2.0)),
             rec(3, 4, Some(0.5)),
-            rec(4, ACTIONS - 1, None),
+            rec(4, crate::space::Move::Stop.index(), None),
         ]);
         let t: Vec<f32> = s.iter().map(|s| s.target).collect();
         // From step 0: 3x; from steps 1 and 2: 2x; from step 3: nothing

@@ -19,8 +19,11 @@ pub const SLOTS: usize = 8;
 pub const BLOCKS: [u32; 3] = [128, 256, 512];
 /// Vector widths a vectorize move can set.
 pub const VECTORS: [u32; 3] = [1, 2, 4];
+/// Index of the stop move (the rewrite moves follow it, so that the
+/// indices of the moves before them stay those the store recorded).
+const STOP: usize = 2 * (1 + SLOTS) + 4 + BLOCKS.len() + VECTORS.len();
 /// Size of the flat action space.
-pub const ACTIONS: usize = 2 * (1 + SLOTS) + 4 + BLOCKS.len() + VECTORS.len() + 1;
+pub const ACTIONS: usize = STOP + 3;
 
 /// The regions a move covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -54,6 +57,12 @@ pub enum Move {
     Vectorize(u32),
     /// End the episode; the best program so far is the answer.
     Stop,
+    /// Build from the rewritten graph (`mtmc_actions::rewrite`: folded
+    /// biases, channels-last convolutions, reductions moved before GEMMs,
+    /// ops that change nothing dropped); judged like any other step.
+    Rewrite,
+    /// Build from the graph as traced.
+    Original,
 }
 
 impl Move {
@@ -80,7 +89,9 @@ impl Move {
             Move::Vectorize(v) => {
                 base + 4 + BLOCKS.len() + VECTORS.iter().position(|&x| x == v).unwrap_or(0)
             }
-            Move::Stop => ACTIONS - 1,
+            Move::Stop => STOP,
+            Move::Rewrite => STOP + 1,
+            Move::Original => STOP + 2,
         }
     }
 
@@ -102,7 +113,9 @@ impl Move {
             i if i == base + 2 => Move::GemmKernel,
             i if i == base + 3 => Move::GemmLibrary,
             i if i < base + 4 + BLOCKS.len() => Move::Retile(BLOCKS[i - base - 4]),
-            i if i < ACTIONS - 1 => Move::Vectorize(VECTORS[i - base - 4 - BLOCKS.len()]),
+            i if i < STOP => Move::Vectorize(VECTORS[i - base - 4 - BLOCKS.len()]),
+            i if i == STOP + 1 => Move::Rewrite,
+            i if i == STOP + 2 => Move::Original,
             _ => Move::Stop,
         }
     }
@@ -116,16 +129,23 @@ impl Move {
             Move::Split => "split",
             Move::Retile(_) => "retile",
             Move::Vectorize(_) => "vectorize",
+            Move::Rewrite | Move::Original => "rewrite",
             Move::Stop => "stop",
         }
     }
 
-    /// Whether the move chooses how regions are computed (the only moves
-    /// legal at step 0, with stop).
+    /// Whether the move chooses how ops are computed: by which calls or
+    /// kernels, from which graph (the only moves legal at step 0, with
+    /// stop).
     pub fn operator_level(self) -> bool {
         matches!(
             self,
-            Move::CallLibrary(_) | Move::CustomKernel(_) | Move::GemmKernel | Move::GemmLibrary
+            Move::CallLibrary(_)
+                | Move::CustomKernel(_)
+                | Move::GemmKernel
+                | Move::GemmLibrary
+                | Move::Rewrite
+                | Move::Original
         )
     }
 
@@ -141,6 +161,8 @@ impl Move {
             Move::GemmLibrary => "call_library(gemm)".into(),
             Move::Retile(b) => format!("retile({b})"),
             Move::Vectorize(v) => format!("vectorize({v})"),
+            Move::Rewrite => "rewrite(on)".into(),
+            Move::Original => "rewrite(off)".into(),
             other => other.kind().into(),
         }
     }
@@ -153,6 +175,10 @@ pub struct Shape {
     pub regions: usize,
     /// Whether the graph has matrix products (for the GEMM moves).
     pub products: bool,
+    /// Whether a rewrite applies and leaves as many regions (for the
+    /// rewrite moves; problems recorded before them have none).
+    #[serde(default)]
+    pub rewrites: bool,
 }
 
 /// How a problem's program is built.
@@ -168,6 +194,9 @@ pub struct Config {
     pub block: u32,
     /// Vector width.
     pub vector: u32,
+    /// Built from the rewritten graph.
+    #[serde(default)]
+    pub rewrite: bool,
 }
 
 impl Config {
@@ -179,6 +208,7 @@ impl Config {
             gemm: false,
             block: 256,
             vector: 1,
+            rewrite: false,
         }
     }
 
@@ -190,8 +220,14 @@ impl Config {
     /// The name of the program this configuration builds. Settings that
     /// change nothing (launch parameters without region kernels, fusion
     /// with fewer than two region kernels) are left out, so equal
-    /// programs have equal keys.
+    /// programs have equal keys; ` rw` ends the key of a program built
+    /// from the rewritten graph.
     pub fn key(&self) -> String {
+        let base = self.key_of_graph();
+        if self.rewrite { base + " rw" } else { base }
+    }
+
+    fn key_of_graph(&self) -> String {
         let regions = self.kernels.iter().filter(|&&k| k).count();
         if regions == 0 {
             return if self.gemm {
@@ -261,6 +297,10 @@ impl Config {
                 c.vector = v;
                 true
             }
+            Move::Rewrite | Move::Original => {
+                c.rewrite = m == Move::Rewrite;
+                shape.rewrites
+            }
             Move::Stop => false,
         };
         ok.then_some(c)
@@ -305,7 +345,36 @@ mod tests {
         for i in 0..ACTIONS {
             assert_eq!(Move::from_index(i).index(), i, "{:?}", Move::from_index(i));
         }
-        assert_eq!(Move::from_index(ACTIONS - 1), Move::Stop);
+        // The indices the store recorded before the rewrite moves stay.
+        assert_eq!(Move::Stop.index(), 28);
+        assert_eq!(Move::Vectorize(4).index(), 27);
+    }
+
+    #[test]
+    fn rewrite_moves_name_another_graph_where_one_exists() {
+        let shape = Shape {
+            regions: 1,
+            products: false,
+            rewrites: true,
+        };
+        let lib = Config::library(shape);
+        let rw = lib.apply(Move::Rewrite, shape).unwrap();
+        assert_eq!(rw.key(), "library rw");
+        let k = rw.apply(Move::CustomKernel(Slot::All), shape).unwrap();
+        assert_eq!(k.key(), "k1 b256 v1 rw");
+        assert_eq!(k.apply(Move::Original, shape).unwrap().key(), "k1 b256 v1");
+        let mask = legal(&lib, shape, 0, &BTreeSet::new());
+        assert!(
+            mask[Move::Rewrite.index()],
+            "operator-level: legal at step 0"
+        );
+        assert!(!mask[Move::Original.index()], "changes nothing");
+        let none = Shape {
+            rewrites: false,
+            ..shape
+        };
+        assert!(lib.apply(Move::Rewrite, none).is_none());
+        assert!(!legal(&lib, none, 0, &BTreeSet::new())[Move::Rewrite.index()]);
     }
 
     #[test]
@@ -313,6 +382,7 @@ mod tests {
         let shape = Shape {
             regions: 2,
             products: true,
+            rewrites: false,
         };
         let lib = Config::library(shape);
         assert_eq!(lib.key(), "library");
@@ -352,6 +422,7 @@ mod tests {
         let shape = Shape {
             regions: 3,
             products: false,
+            rewrites: false,
         };
         let c = Config::library(shape);
         let mask = legal(&c, shape, 0, &BTreeSet::new());

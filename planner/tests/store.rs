@@ -18,6 +18,7 @@ fn problem(name: &str, pattern: &str) -> Problem {
         shape: Shape {
             regions: 2,
             products: true,
+            rewrites: false,
         },
         memory_bound: false,
     }

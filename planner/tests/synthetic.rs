@@ -37,6 +37,7 @@ fn tree(name: &str, flag: f32, depth: usize, f: impl Fn(&Config) -> Option<f64>)
     let shape = Shape {
         regions: 2,
         products: false,
+        rewrites: false,
     };
     let mut evals = BTreeMap::new();
     let mut seen = BTreeSet::new();

@@ -540,26 +540,25 @@ pub(crate) fn judge_program(
     let mut all = judge_programs(
         judge,
         problem,
-        g,
         code,
-        &[(program, label.to_string())],
+        &[(g, program, label.to_string())],
         specs,
     )?;
     Ok(all.remove(0))
 }
 
-/// Judges several programs at once, each on whichever worker (GPU) is free
-/// first; the outcomes come back in the programs' order.
+/// Judges several programs (each of its graph) at once, each on whichever
+/// worker (GPU) is free first; the outcomes come back in the programs'
+/// order.
 pub(crate) fn judge_programs(
     judge: &mut ProblemJudge,
     problem: &ProblemSource,
-    g: &OpGraph,
     code: &str,
-    programs: &[(&Program, String)],
+    programs: &[(&OpGraph, &Program, String)],
     specs: &[mtmc_actions::device::DeviceSpec],
 ) -> Result<Vec<Outcome>> {
     let mut candidates = Vec::new();
-    for (program, label) in programs {
+    for (g, program, label) in programs {
         let code =
             mtmc_coder::export::to_model_new(g, program, code).map_err(anyhow::Error::msg)?;
         candidates.push(Candidate::Python {
@@ -578,7 +577,8 @@ pub(crate) fn judge_programs(
         .block_on(judge.pool.evaluate_all(problem, candidates));
     results
         .into_iter()
-        .map(|d| {
+        .zip(programs)
+        .map(|(d, (g, _, _))| {
             let mut o = d.result?;
             add_roofline(&mut o, g, specs);
             Ok(o)

@@ -263,10 +263,14 @@ pub fn plan_problem(
     let mut e = Episode::new(problem.shape, settings.budget);
     writeln!(
         out,
-        "{}: {} region(s) for kernels, pattern {}; planner {}, budget {} evaluations{}",
+        "{}: {} region(s) for kernels, pattern {}{}; planner {}, budget {} evaluations{}",
         problem.name,
         j.regions.len(),
         problem.pattern,
+        match &j.rewritten {
+            Some(r) => format!(", rewrites {}", r.names.join(", ")),
+            None => String::new(),
+        },
         planner.planner.name(),
         settings.budget,
         match j.judge.in_flight() {
@@ -356,12 +360,18 @@ pub fn plan_problem(
     if let (Some(s), Some(id)) = (store.as_deref(), episode_id) {
         s.end_episode(id, e.best_speedup())?;
     }
+    let rewritten = j.rewritten.as_ref().filter(|_| j.best_rewritten);
     let wrote = match out_dir {
         Some(dir) => conclude(out, dir, &p.full_name(), j.found, |program| {
-            let code = mtmc_coder::export::to_model_new(g, program, &p.code)
+            let graph = rewritten.map_or(g, |r| &r.graph);
+            let code = mtmc_coder::export::to_model_new(graph, program, &p.code)
                 .map_err(anyhow::Error::msg)?;
             write(dir, "model_new.py", &code)?;
-            Ok("model_new.py")
+            Ok(if rewritten.is_some() {
+                "model_new.py (rewritten graph)"
+            } else {
+                "model_new.py"
+            })
         })?,
         None => j.found.best.is_some(),
     };
@@ -454,6 +464,15 @@ impl Evaluated {
     }
 }
 
+/// The rewritten graph of a problem, with as many regions as the traced
+/// one.
+struct Rewritten {
+    graph: OpGraph,
+    regions: Vec<Vec<u32>>,
+    /// The rewrites that changed it.
+    names: Vec<&'static str>,
+}
+
 /// One problem's judging: its setup (made once per episode), the judge,
 /// and every attempt with the best program so far.
 struct Judging<'a> {
@@ -462,6 +481,10 @@ struct Judging<'a> {
     /// Regions for kernels (none where an op has no family: every move is
     /// then a library call).
     regions: Vec<Vec<u32>>,
+    /// The rewritten graph, where one applies.
+    rewritten: Option<Rewritten>,
+    /// Whether the best program so far is built from the rewritten graph.
+    best_rewritten: bool,
     problem: PlanProblem,
     source: mtmc_env::evaluator::ProblemSource,
     judge: &'a mut ProblemJudge,
@@ -475,17 +498,33 @@ impl<'a> Judging<'a> {
         judge: &'a mut ProblemJudge,
     ) -> Result<Judging<'a>> {
         let source = problem_source(p)?;
-        let regions = regions(g, true, false).unwrap_or_default();
-        let problem = PlanProblem::new(&p.full_name(), g, regions.len(), &h100());
+        let traced = regions(g, true, false).unwrap_or_default();
+        let rewritten = mtmc_actions::rewrite::rewrite_all(g).and_then(|(graph, names)| {
+            let regions = regions(&graph, true, false).ok()?;
+            (regions.len() == traced.len()).then_some(Rewritten {
+                graph,
+                regions,
+                names,
+            })
+        });
+        let mut problem = PlanProblem::new(&p.full_name(), g, traced.len(), &h100());
+        problem.shape.rewrites = rewritten.is_some();
         Ok(Judging {
             p,
             g,
-            regions,
+            regions: traced,
+            rewritten,
+            best_rewritten: false,
             problem,
             source,
             judge,
             found: Found::default(),
         })
+    }
+
+    /// The graph configuration `c` is built from, and its regions.
+    fn graph(&self, c: &Config) -> (&OpGraph, &[Vec<u32>]) {
+        graph_of(self.g, &self.regions, &self.rewritten, c)
     }
 
     /// Builds and judges configurations (each `next` reached by its move
@@ -506,27 +545,27 @@ impl<'a> Judging<'a> {
             };
             known.push(match recorded {
                 Some(d) => Known::Recorded(d),
-                None => Known::Built(build_config(self.g, &self.regions, next)),
+                None => {
+                    let (g, regions) = self.graph(next);
+                    Known::Built(build_config(g, regions, next))
+                }
             });
         }
-        let to_judge: Vec<(&Program, String)> = known
+        let to_judge: Vec<(&OpGraph, &Program, String)> = known
             .iter()
             .zip(asked)
-            .filter_map(|(k, (_, _, label))| match k {
-                Known::Built(Ok(program)) => Some((program, label.clone())),
+            .filter_map(|(k, (_, next, label))| match k {
+                Known::Built(Ok(program)) => Some((
+                    graph_of(self.g, &self.regions, &self.rewritten, next).0,
+                    program,
+                    label.clone(),
+                )),
                 _ => None,
             })
             .collect();
         let specs = builtin_devices();
-        let mut outcomes = judge_programs(
-            self.judge,
-            &self.source,
-            self.g,
-            &self.p.code,
-            &to_judge,
-            &specs,
-        )?
-        .into_iter();
+        let mut outcomes =
+            judge_programs(self.judge, &self.source, &self.p.code, &to_judge, &specs)?.into_iter();
         let found = &mut self.found;
         let mut done = Vec::new();
         for (k, (m, next, _)) in known.into_iter().zip(asked) {
@@ -562,7 +601,9 @@ impl<'a> Judging<'a> {
                     found.correct += usize::from(o.status == Status::Correct);
                     let d = Diagnosis::of(&o, self.problem.bound());
                     let (hash, code) = fragments(&program);
-                    keep_best(found, &program, &o, next);
+                    if keep_best(found, &program, &o, next) {
+                        self.best_rewritten = next.rewrite;
+                    }
                     found.attempts.push(
                         serde_json::json!({"move": m.label(), "config": next.key(), "outcome": o, "critique": d.text()}),
                     );
@@ -644,9 +685,23 @@ pub fn enumerate_problem(
     })
 }
 
+/// The graph (traced, or rewritten where `c` asks and one exists) a
+/// configuration is built from, and its regions.
+fn graph_of<'g>(
+    g: &'g OpGraph,
+    regions: &'g [Vec<u32>],
+    rewritten: &'g Option<Rewritten>,
+    c: &Config,
+) -> (&'g OpGraph, &'g [Vec<u32>]) {
+    match rewritten {
+        Some(r) if c.rewrite => (&r.graph, &r.regions),
+        _ => (g, regions),
+    }
+}
+
 /// Keeps `program` as the best when it is the fastest correct one (or,
-/// with nothing run, the first that compiled).
-fn keep_best(found: &mut Found, program: &Program, o: &Outcome, c: &Config) {
+/// with nothing run, the first that compiled); says whether it did.
+fn keep_best(found: &mut Found, program: &Program, o: &Outcome, c: &Config) -> bool {
     let params = Params {
         block: c.block,
         vector: c.vector,
@@ -654,11 +709,13 @@ fn keep_best(found: &mut Found, program: &Program, o: &Outcome, c: &Config) {
     match (o.status, &o.runtime) {
         (Status::Correct, Some(rt)) if found.best.as_ref().is_none_or(|b| rt.mean_ms < b.0) => {
             found.best = Some((rt.mean_ms, program.clone(), params, o.clone()));
+            true
         }
         (Status::CompiledOnly, _) if found.best.is_none() => {
             found.best = Some((f64::INFINITY, program.clone(), params, o.clone()));
+            true
         }
-        _ => {}
+        _ => false,
     }
 }
 
@@ -1192,6 +1249,7 @@ mod tests {
             shape: Shape {
                 regions: 3,
                 products: true,
+                rewrites: false,
             },
             memory_bound: true,
         }
