@@ -23,19 +23,65 @@ use super::{Refusal, WAVES, lit, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
-/// What is computed over each row.
+/// What is computed over each row (by the CUDA and the Triton row
+/// kernels alike).
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     Sum,
     Mean,
     Max,
     Min,
     LogSumExp,
     Norm2,
-    Softmax { log: bool },
+    Softmax {
+        log: bool,
+    },
+    /// The index of the maximum or minimum.
+    Arg {
+        max: bool,
+    },
 }
 
 impl Kind {
+    /// What op `op` (node `name`, its input of rank `rank`) computes over
+    /// its rows and the dims it reduces, or why no `family` kernel
+    /// computes it.
+    pub(super) fn of(
+        op: &Op,
+        rank: usize,
+        name: &str,
+        family: &str,
+    ) -> Result<(Kind, Vec<usize>), Refusal> {
+        Ok(match op {
+            Op::Reduce(Reduce { op, dims, .. }) => {
+                let kind = match op {
+                    ReduceOp::Sum => Kind::Sum,
+                    ReduceOp::Mean => Kind::Mean,
+                    ReduceOp::Max { .. } => Kind::Max,
+                    ReduceOp::Min { .. } => Kind::Min,
+                    ReduceOp::LogSumExp => Kind::LogSumExp,
+                    ReduceOp::Norm { p } if *p == 2.0 => Kind::Norm2,
+                    ReduceOp::ArgMax => Kind::Arg { max: true },
+                    ReduceOp::ArgMin => Kind::Arg { max: false },
+                    other => return Err(Refusal::new(format!("no {family} yet for {other:?}"))),
+                };
+                (kind, dims.clone())
+            }
+            Op::Softmax { dim, log } => (Kind::Softmax { log: *log }, vec![*dim]),
+            // Global pooling is a mean or a maximum over the spatial dims:
+            // a row each, read by a whole block.
+            Op::AdaptivePool(a) if a.is_global() && rank > 2 => (
+                if a.max { Kind::Max } else { Kind::Mean },
+                (2..rank).collect(),
+            ),
+            other => {
+                return Err(Refusal::new(format!(
+                    "`{name}` ({other}) is not a reduction or softmax"
+                )));
+            }
+        })
+    }
+
     /// Identity, per-element map and combine for the one-pass reductions.
     fn monoid(self) -> Option<(&'static str, &'static str, &'static str)> {
         Some(match self {
@@ -43,7 +89,7 @@ impl Kind {
             Kind::Norm2 => ("0.0f", "v * v", "a + b"),
             Kind::Max => ("__int_as_float(0xff800000)", "v", "fmaxf(a, b)"),
             Kind::Min => ("__int_as_float(0x7f800000)", "v", "fminf(a, b)"),
-            Kind::LogSumExp | Kind::Softmax { .. } => return None,
+            Kind::LogSumExp | Kind::Softmax { .. } | Kind::Arg { .. } => return None,
         })
     }
 }
@@ -161,33 +207,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             n.name
         )));
     }
-    let (kind, dims) = match &n.op {
-        Op::Reduce(Reduce { op, dims, .. }) => {
-            let kind = match op {
-                ReduceOp::Sum => Kind::Sum,
-                ReduceOp::Mean => Kind::Mean,
-                ReduceOp::Max { .. } => Kind::Max,
-                ReduceOp::Min { .. } => Kind::Min,
-                ReduceOp::LogSumExp => Kind::LogSumExp,
-                ReduceOp::Norm { p } if *p == 2.0 => Kind::Norm2,
-                other => return Err(Refusal::new(format!("no row kernel yet for {other:?}"))),
-            };
-            (kind, dims.clone())
-        }
-        Op::Softmax { dim, log } => (Kind::Softmax { log: *log }, vec![*dim]),
-        // Global pooling is a mean or a maximum over the spatial dims: a
-        // row each, read by a whole block.
-        Op::AdaptivePool(a) if a.is_global() && shape.len() > 2 => (
-            if a.max { Kind::Max } else { Kind::Mean },
-            (2..shape.len()).collect(),
-        ),
-        other => {
-            return Err(Refusal::new(format!(
-                "`{}` ({other}) is not a reduction or softmax",
-                n.name
-            )));
-        }
-    };
+    // Argmax and argmin went to `arg_rows` above.
+    let (kind, dims) = Kind::of(&n.op, shape.len(), &n.name, "row kernel")?;
     let (outer, k, inner) = row_view(&shape, &dims)?;
     let block = one_per_thread(action, "row")?;
     let finish = |acc: &str| match kind {

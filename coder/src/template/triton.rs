@@ -26,11 +26,11 @@ use std::fmt::Write as _;
 
 use mtmc_actions::DType;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
-use mtmc_actions::op::{BinaryOp, Norm, NormKind, Op, Reduce, ReduceOp, UnaryOp};
+use mtmc_actions::op::{BinaryOp, Norm, NormKind, Op, UnaryOp};
 
 use super::Refusal;
 use super::pointwise::{boundary, broadcast_offset, broadcasts, shape};
-use super::rows::row_view;
+use super::rows::{Kind, row_view};
 use crate::MicroCoder;
 use crate::action::{Action, ActionKind};
 use crate::program::{Fragment, Lang, Launch, Program};
@@ -582,31 +582,16 @@ impl Loader {
     }
 }
 
-/// What a row kernel computes over each row.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    Sum,
-    Mean,
-    Max,
-    Min,
-    Norm2,
-    LogSumExp,
-    Softmax { log: bool },
-    Arg { max: bool },
-}
-
-impl Kind {
-    /// Identity, the update of the accumulator `acc` with element `v`,
-    /// and the reduction that ends the one-pass reductions.
-    fn monoid(self) -> Option<(&'static str, &'static str, &'static str)> {
-        Some(match self {
-            Kind::Sum | Kind::Mean => ("0.0", "acc + v", "tl.sum"),
-            Kind::Norm2 => ("0.0", "acc + v * v", "tl.sum"),
-            Kind::Max => ("float(\"-inf\")", "tl.maximum(acc, v)", "tl.max"),
-            Kind::Min => ("float(\"inf\")", "tl.minimum(acc, v)", "tl.min"),
-            _ => return None,
-        })
-    }
+/// Identity, the update of the accumulator `acc` with element `v`, and
+/// the reduction that ends the one-pass reductions of `kind`.
+fn monoid(kind: Kind) -> Option<(&'static str, &'static str, &'static str)> {
+    Some(match kind {
+        Kind::Sum | Kind::Mean => ("0.0", "acc + v", "tl.sum"),
+        Kind::Norm2 => ("0.0", "acc + v * v", "tl.sum"),
+        Kind::Max => ("float(\"-inf\")", "tl.maximum(acc, v)", "tl.max"),
+        Kind::Min => ("float(\"inf\")", "tl.minimum(acc, v)", "tl.min"),
+        _ => return None,
+    })
 }
 
 /// The next power of two at or above `n`.
@@ -636,37 +621,7 @@ fn rows(
             n.name
         )));
     }
-    let (kind, dims) = match &n.op {
-        Op::Reduce(Reduce { op, dims, .. }) => {
-            let kind = match op {
-                ReduceOp::Sum => Kind::Sum,
-                ReduceOp::Mean => Kind::Mean,
-                ReduceOp::Max { .. } => Kind::Max,
-                ReduceOp::Min { .. } => Kind::Min,
-                ReduceOp::LogSumExp => Kind::LogSumExp,
-                ReduceOp::Norm { p } if *p == 2.0 => Kind::Norm2,
-                ReduceOp::ArgMax => Kind::Arg { max: true },
-                ReduceOp::ArgMin => Kind::Arg { max: false },
-                other => {
-                    return Err(Refusal::new(format!(
-                        "no Triton row kernel yet for {other:?}"
-                    )));
-                }
-            };
-            (kind, dims.clone())
-        }
-        Op::Softmax { dim, log } => (Kind::Softmax { log: *log }, vec![*dim]),
-        Op::AdaptivePool(a) if a.is_global() && shape.len() > 2 => (
-            if a.max { Kind::Max } else { Kind::Mean },
-            (2..shape.len()).collect(),
-        ),
-        other => {
-            return Err(Refusal::new(format!(
-                "`{}` ({other}) is not a reduction or softmax",
-                n.name
-            )));
-        }
-    };
+    let (kind, dims) = Kind::of(&n.op, shape.len(), &n.name, "Triton row kernel")?;
     let out_dtype = if matches!(kind, Kind::Arg { .. }) {
         DType::I64
     } else {
@@ -753,7 +708,7 @@ fn rows(
         Kind::Norm2 => format!("tl.sqrt_rn({acc})"),
         _ => acc.to_string(),
     };
-    if let Some((ident, update, reduce)) = kind.monoid() {
+    if let Some((ident, update, reduce)) = monoid(kind) {
         let _ = writeln!(src, "    acc = tl.full({axis_shape}, {ident}, tl.float32)");
         let _ = writeln!(src, "    for k0 in range(0, {k}, {bk}):");
         tile(&mut src, ident);
