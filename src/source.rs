@@ -131,6 +131,23 @@ impl Problems {
         Ok(problem::find(&self.list, query)?)
     }
 
+    /// The problems named in `names`, then every problem `also` takes, each
+    /// once, in that order.
+    pub fn choose(
+        &self,
+        names: &[String],
+        also: impl Fn(&Problem) -> bool,
+    ) -> Result<Vec<&Problem>> {
+        let mut chosen = Vec::new();
+        for name in names {
+            chosen.push(self.find(name)?);
+        }
+        chosen.extend(self.list.iter().filter(|p| also(p)));
+        let mut seen = std::collections::HashSet::new();
+        chosen.retain(|p| seen.insert(p.full_name()));
+        Ok(chosen)
+    }
+
     fn hash(&self, p: &Problem) -> String {
         match self.hashes.get(&p.id()) {
             Some(h) => h.clone(),

@@ -185,18 +185,7 @@ fn dir_name(p: &Problem) -> String {
 /// Runs the bench and prints the table.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
-    let mut chosen: Vec<&Problem> = Vec::new();
-    for name in req.names {
-        chosen.push(problems.find(name)?);
-    }
-    chosen.extend(
-        problems
-            .list
-            .iter()
-            .filter(|p| req.all || req.levels.contains(&p.level)),
-    );
-    let mut seen = std::collections::HashSet::new();
-    chosen.retain(|p| seen.insert(p.full_name()));
+    let chosen = problems.choose(req.names, |p| req.all || req.levels.contains(&p.level))?;
     if chosen.is_empty() {
         bail!("name the problems to bench, or pass --level N (repeatable) or --all");
     }

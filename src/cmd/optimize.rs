@@ -498,16 +498,28 @@ pub fn optimize_problem(
     };
     let (graph, rewrites) = &graphs[chosen];
     conclude(out, out_dir, &p.full_name(), found, |program| {
-        let code = mtmc_coder::export::to_model_new(graph, program, &p.code)
-            .map_err(anyhow::Error::msg)?;
-        write(out_dir, "model_new.py", &code)?;
-        Ok(if rewrites.is_some() {
-            "model_new.py (rewritten graph)"
-        } else {
-            "model_new.py"
-        })
+        write_model_new(out_dir, graph, program, &p.code, rewrites.is_some())
     })?;
     Ok(summary)
+}
+
+/// Writes `program` of graph `g` (the rewritten one when `rewritten`) as
+/// the `ModelNew` of the problem with PyTorch code `code`, to
+/// `dir/model_new.py`; names what it wrote.
+pub(crate) fn write_model_new(
+    dir: &Path,
+    g: &OpGraph,
+    program: &Program,
+    code: &str,
+    rewritten: bool,
+) -> Result<&'static str> {
+    let text = mtmc_coder::export::to_model_new(g, program, code).map_err(anyhow::Error::msg)?;
+    write(dir, "model_new.py", &text)?;
+    Ok(if rewritten {
+        "model_new.py (rewritten graph)"
+    } else {
+        "model_new.py"
+    })
 }
 
 /// The problem as the worker takes it; an error when its code is missing
@@ -1094,10 +1106,7 @@ pub fn optimize_problem_llm(
         params: found.best.as_ref().map(|b| b.2),
     };
     conclude(out, out_dir, &p.full_name(), found, |program| {
-        let code =
-            mtmc_coder::export::to_model_new(g, program, &p.code).map_err(anyhow::Error::msg)?;
-        write(out_dir, "model_new.py", &code)?;
-        Ok("model_new.py")
+        write_model_new(out_dir, g, program, &p.code, false)
     })?;
     Ok(summary)
 }

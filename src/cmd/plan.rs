@@ -35,7 +35,8 @@ use mtmc_planner::store::{StepRecord, Store, now};
 use mtmc_planner::tree::{self, TreeEnv, TreeProblem};
 
 use crate::cmd::optimize::{
-    Found, Gemm, ProblemJudge, build, conclude, judge_programs, problem_source, regions, write,
+    Found, Gemm, ProblemJudge, build, conclude, judge_programs, problem_source, regions,
+    write_model_new,
 };
 
 /// Which planner `--planner` names.
@@ -364,14 +365,7 @@ pub fn plan_problem(
     let wrote = match out_dir {
         Some(dir) => conclude(out, dir, &p.full_name(), j.found, |program| {
             let graph = rewritten.map_or(g, |r| &r.graph);
-            let code = mtmc_coder::export::to_model_new(graph, program, &p.code)
-                .map_err(anyhow::Error::msg)?;
-            write(dir, "model_new.py", &code)?;
-            Ok(if rewritten.is_some() {
-                "model_new.py (rewritten graph)"
-            } else {
-                "model_new.py"
-            })
+            write_model_new(dir, graph, program, &p.code, rewritten.is_some())
         })?,
         None => j.found.best.is_some(),
     };
@@ -777,18 +771,8 @@ pub struct ExploreRequest<'a> {
 /// stopped run resumes.
 pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
-    let mut chosen: Vec<&mtmc_actions::problem::Problem> = Vec::new();
-    for name in req.names {
-        chosen.push(problems.find(name)?);
-    }
-    chosen.extend(
-        problems
-            .list
-            .iter()
-            .filter(|p| req.levels.contains(&p.level)),
-    );
-    let mut seen = std::collections::HashSet::new();
-    chosen.retain(|p| seen.insert(p.full_name()) && req.split.keeps(&p.full_name()));
+    let mut chosen = problems.choose(req.names, |p| req.levels.contains(&p.level))?;
+    chosen.retain(|p| req.split.keeps(&p.full_name()));
     if chosen.is_empty() {
         bail!("no problem chosen: name problems or pass --level N (and check --split)");
     }
