@@ -2,23 +2,19 @@
 //! minibatches and initial weights all come from it, so a seeded run is
 //! reproducible without a global random state.
 
-/// SplitMix64.
+/// SplitMix64: the environment's generator, seeded apart from it.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(mtmc_env::reference::Rng);
 
 impl Rng {
     /// A generator from `seed`.
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+        Rng(mtmc_env::reference::Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
