@@ -166,6 +166,12 @@ enum Command {
         /// Print the critique of every step.
         #[arg(short, long)]
         verbose: bool,
+        /// Strict mode: every op in a custom kernel (no torch, cuBLAS or
+        /// cuDNN call; the worker fails a forward that computes with
+        /// torch). Without it, library calls are allowed and listed in the
+        /// report.
+        #[arg(long)]
+        strict: bool,
         /// Search with a planner instead of the built-in variants: random,
         /// greedy, exhaustive, or a checkpoint folder from `mtmc train`.
         #[arg(long, value_name = "PLANNER")]
@@ -319,6 +325,10 @@ enum Command {
         /// Forget the results already in --out and start over.
         #[arg(long)]
         fresh: bool,
+        /// Strict mode: every op in a custom kernel; a problem with an op
+        /// no family computes is not covered (see `optimize --strict`).
+        #[arg(long)]
+        strict: bool,
     },
     /// Benchmark the evaluation environment on the GPU: wall seconds per
     /// candidate (compile + 5 correctness trials + 100 timed trials) on the
@@ -455,6 +465,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             critic,
             repairs,
             verbose,
+            strict,
             planner,
             budget,
             trajectories,
@@ -462,6 +473,11 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             llm,
         } => {
             if let Some(planner) = planner {
+                if strict {
+                    anyhow::bail!(
+                        "--strict works with the built-in search: drop --planner (the planner's moves include calling the library, and its report lists the library calls)"
+                    );
+                }
                 if coder != CoderKind::Template || target != cmd::bench::Target::Cuda {
                     anyhow::bail!(
                         "--planner drives the template coder's CUDA kernels: drop --coder llm and --target triton"
@@ -537,6 +553,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     timeout: std::time::Duration::from_secs(timeout),
                     target,
                     coder,
+                    strict,
                 },
             )
         }
@@ -623,6 +640,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             target,
             timeout,
             fresh,
+            strict,
         } => cmd::bench::run(
             out,
             cmd::bench::Request {
@@ -634,6 +652,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 target,
                 timeout: std::time::Duration::from_secs(timeout),
                 fresh,
+                strict,
             },
         ),
         Command::BenchEnv {

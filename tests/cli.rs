@@ -808,6 +808,129 @@ fn bench_keeps_each_result_resumes_where_it_stopped_and_starts_over_on_fresh() {
     assert_eq!(results.lines().count(), 2, "{results}");
 }
 
+/// Strict mode: every op in a custom kernel. A GEMM problem gets its
+/// product as a GEMM kernel and a report with no library call (the same
+/// problem without `--strict` lists its cuBLAS call); a convolution, which
+/// no family computes, is named as not covered; the planner and a bench
+/// folder of the other mode are refused with what to do.
+#[test]
+fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let kb = shared_jsonl();
+    let report = |dir: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+    };
+    let strict = tempfile::tempdir().unwrap();
+    let out = mtmc(&[
+        "optimize",
+        "L2/12",
+        "--kernelbench",
+        &kb,
+        "--strict",
+        "--out",
+        strict.path().to_str().unwrap(),
+    ])
+    .success();
+    assert!(
+        out.stdout.contains("(strict: every op a kernel)")
+            && !out.stdout.contains("library calls in the best program"),
+        "{}",
+        out.stdout
+    );
+    let code = std::fs::read_to_string(strict.path().join("model_new.py")).unwrap();
+    assert!(code.contains("_gemm"), "{code}");
+    assert_eq!(
+        report(strict.path())["library_calls"],
+        serde_json::json!([])
+    );
+
+    let loose = tempfile::tempdir().unwrap();
+    let out = mtmc(&[
+        "optimize",
+        "L2/12",
+        "--kernelbench",
+        &kb,
+        "--out",
+        loose.path().to_str().unwrap(),
+    ])
+    .success();
+    assert!(
+        out.stdout
+            .contains("library calls in the best program (torch, cuBLAS, cuDNN): gemm (matmul"),
+        "{}",
+        out.stdout
+    );
+    let listed = report(loose.path())["library_calls"].to_string();
+    assert!(listed.contains("matmul"), "{listed}");
+
+    let out = mtmc(&[
+        "optimize",
+        "L2/1",
+        "--kernelbench",
+        &kb,
+        "--strict",
+        "--out",
+        strict.path().to_str().unwrap(),
+    ])
+    .failure();
+    assert!(
+        out.error
+            .contains("strict: the template coder has no family yet for conv")
+            && out.error.contains("conv2d")
+            && out.error.contains("without --strict it stays one"),
+        "{}",
+        out.error
+    );
+    let out = mtmc(&[
+        "optimize",
+        "L2/12",
+        "--kernelbench",
+        &kb,
+        "--strict",
+        "--planner",
+        "random",
+    ])
+    .failure();
+    assert!(out.error.contains("drop --planner"), "{}", out.error);
+
+    let bench = tempfile::tempdir().unwrap();
+    let dir = bench.path().join("b");
+    let dir = dir.to_str().unwrap();
+    let out = mtmc(&[
+        "bench",
+        "L1/19",
+        "L2/1",
+        "--kernelbench",
+        &kb,
+        "--strict",
+        "--out",
+        dir,
+    ])
+    .success();
+    assert!(
+        out.stdout.contains("strict: every op in a custom kernel")
+            && out
+                .stdout
+                .contains("L2/1_Conv2D_ReLU_BiasAdd — not_covered: strict:"),
+        "{}",
+        out.stdout
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bench.path().join("b/bench.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["strict"], true, "{summary}");
+    assert_eq!(summary["levels"]["L1"]["compiled_only"], 1, "{summary}");
+    let out = mtmc(&["bench", "L1/19", "--kernelbench", &kb, "--out", dir]).failure();
+    assert!(
+        out.error
+            .contains("holds results of --target cuda --strict (L1/19_ReLU), not of --target cuda: pass --fresh"),
+        "{}",
+        out.error
+    );
+}
+
 /// `--target triton` without a GPU: every fragment compiled by Triton for
 /// sm_90 (`$MTMC_TEST_PYTHON` has triton), the `ModelNew` launches Triton
 /// kernels and no cupy; a region the Triton coder has no template for

@@ -24,6 +24,15 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
     for (intent, shapes) in [
         ("y = gelu(x * s + b) - 0.5 * x", "x=4096x1024,s=1024,b=1024"),
         ("y = softmax(x, dim=1)", "x=4096x1000"),
+        // Long rows: a cluster of blocks per row, alone and with a chain
+        // fused in front of it.
+        ("y = log_softmax(x, dim=1)", "x=64x65536"),
+        ("y = softmax(relu(x) * 2.0, dim=1)", "x=64x65536"),
+        (
+            "y = layer_norm(x, w, b, dim=-1)",
+            "x=64x65536,w=65536,b=65536",
+        ),
+        ("y = rms_norm(relu(x), g, dim=-1)", "x=64x65536,g=65536"),
         ("y = sum(x, dim=0)", "x=2048x512"),
         ("y = logsumexp(exp(x) + 1.0, dim=1)", "x=512x8192"),
         ("y = relu(x @ w + b)", "x=1024x512,w=512x768,b=768"),

@@ -138,10 +138,16 @@ fn short_rows_take_a_warp_each_and_few_columns_a_block_each() {
 #[test]
 fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
     let cases = [
-        // nn.InstanceNorm2d has no scale or shift by default.
+        // nn.InstanceNorm2d has no scale or shift by default; its rows of
+        // 512x512 take a cluster of blocks each, the row in shared memory.
+        (traced(1, "34_InstanceNorm"), "(row_[j] - mean) * rstd;"),
         (
-            traced(1, "34_InstanceNorm"),
-            "(LOAD_X(xr + k) - mean) * rstd;",
+            graph("y = layer_norm(x, w, b, dim=-1)", "x=16x256,w=256,b=256"),
+            "(LOAD_X(xr + k) - mean) * rstd * w[k] + b[k];",
+        ),
+        (
+            graph("y = rms_norm(x, g, dim=-1)", "x=16x65536,g=65536"),
+            "const float mean = 0.0f;",
         ),
         (traced(1, "35_GroupNorm_"), "(r % 8LL)"),
         (traced(1, "40_LayerNorm"), "w[k]"),
@@ -157,6 +163,14 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
         assert!(
             f.source.contains(channel),
             "{channel} missing:\n{}",
+            f.source
+        );
+        // Rows of 32768 floats and more (that fit) take a cluster.
+        let k = f.launch.sizes[1];
+        assert_eq!(
+            f.source.contains("__cluster_dims__(8, 1, 1)"),
+            (1 << 15..=409_600).contains(&k),
+            "K = {k}:\n{}",
             f.source
         );
     }
@@ -249,6 +263,62 @@ fn few_long_rows_split_across_blocks_and_the_last_block_combines() {
         .realize(&Program::default(), &g, &last_node(&g))
         .unwrap_err();
     assert!(e.0.contains("two-stage online kernel"), "{e}");
+}
+
+/// Softmax over long rows: a cluster of eight blocks per row, each holding
+/// its eighth in shared memory; with a chain fused in front, the loads go
+/// through the chain element by element.
+#[test]
+fn softmax_over_long_rows_keeps_each_row_in_a_clusters_shared_memory() {
+    for op in ["softmax", "log_softmax"] {
+        let g = graph(&format!("y = {op}(x, dim=1)"), "x=16x65536");
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &last_node(&g))
+            .unwrap();
+        compiles(&f, op);
+        assert!(
+            f.source.contains("__cluster_dims__(8, 1, 1)"),
+            "{}",
+            f.source
+        );
+        assert!(
+            f.source.contains("ld.shared::cluster.v2.f32"),
+            "{}",
+            f.source
+        );
+        assert_eq!(
+            (f.launch.grid, f.launch.block, f.launch.shared),
+            (16 * 8, 1024, 65536 / 8 * 4),
+            "{op}"
+        );
+    }
+    let g = graph("y = softmax(relu(x) * 2.0, dim=1)", "x=16x65536");
+    let action = Action {
+        kind: ActionKind::Fuse,
+        region: g
+            .nodes()
+            .filter(|(_, n)| !n.op.is_source())
+            .map(|(id, _)| id.index() as u32)
+            .collect(),
+        params: Params::default(),
+    };
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap();
+    compiles(&f, "softmax with a prologue");
+    assert!(f.source.contains("#define MTMC_PROLOGUE"), "{}", f.source);
+    assert_eq!(f.region.len(), 3);
+    // Rows too short for a cluster, or too long for its shared memory, are
+    // not given one.
+    for shape in ["x=16x4096", "x=16x1048576", "x=16x65540"] {
+        let g = graph("y = softmax(x, dim=1)", shape);
+        let f = TemplateCoder.realize(&Program::default(), &g, &last_node(&g));
+        assert!(
+            f.as_ref()
+                .map_or(true, |f| !f.source.contains("__cluster_dims__")),
+            "{shape}"
+        );
+    }
 }
 
 #[test]

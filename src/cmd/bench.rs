@@ -26,6 +26,13 @@ use mtmc_actions::problem::Problem;
 use mtmc_env::outcome::Status;
 use serde::{Deserialize, Serialize};
 
+use mtmc_actions::device::{Bound, MathMode, builtin_devices, find_device, roofline};
+use mtmc_actions::graph::OpGraph;
+use mtmc_actions::op::OpClass;
+use mtmc_env::evaluator::{Candidate, Evaluator, ProblemSource};
+use mtmc_env::native::{Arg, Buffer, CudaProgram, GraphSource, Launch, NativeEvaluator};
+use mtmc_env::worker::Protocol;
+
 use crate::cmd::optimize::{ProblemJudge, optimize_problem};
 
 /// Which code the coder writes.
@@ -35,6 +42,16 @@ pub enum Target {
     Cuda,
     /// Triton kernels.
     Triton,
+}
+
+impl Target {
+    /// `cuda` or `triton`, as the flag spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Cuda => "cuda",
+            Target::Triton => "triton",
+        }
+    }
 }
 
 /// What `mtmc bench` was asked to do.
@@ -55,6 +72,8 @@ pub struct Request<'a> {
     pub timeout: Duration,
     /// Forget earlier results in `out_dir` and start over.
     pub fresh: bool,
+    /// Strict mode: every op in a custom kernel.
+    pub strict: bool,
 }
 
 /// One problem's result: a line of `results.jsonl`.
@@ -64,12 +83,30 @@ pub struct Record {
     pub problem: String,
     /// Its level.
     pub level: u32,
+    /// The code written: `cuda` or `triton`.
+    #[serde(default = "cuda")]
+    pub target: String,
+    /// Written in strict mode (every op a custom kernel).
+    #[serde(default)]
+    pub strict: bool,
     /// `correct`, `compiled_only`, `no_correct_variant`, `not_covered` or
     /// `error`.
     pub status: String,
     /// Why it is not correct, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// The graph's op classes, pointwise left out when another is there
+    /// (`reduce`, `pool+reduce`, `pointwise`): the family the bandwidth
+    /// table groups it in.
+    #[serde(default)]
+    pub family: String,
+    /// Memory-bound on the GPU it ran on (its roofline's memory term is the
+    /// larger).
+    #[serde(default)]
+    pub memory_bound: bool,
+    /// The best program's minimum bytes over its mean time, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_gbps: Option<f64>,
     /// The program has no kernel: every op is a library call.
     pub call_library_only: bool,
     /// Kernels in the program.
@@ -178,6 +215,11 @@ impl Metrics {
 }
 
 /// The folder name of a problem's results.
+/// Records written before the target was recorded wrote CUDA.
+fn cuda() -> String {
+    "cuda".into()
+}
+
 fn dir_name(p: &Problem) -> String {
     format!("L{}_{}", p.level, p.name)
 }
@@ -218,6 +260,22 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             }
         }
     }
+    // Results of another mode are not mixed into this one's metrics.
+    if let Some(r) = done
+        .values()
+        .find(|r| r.target != req.target.name() || r.strict != req.strict)
+    {
+        let mode = |target: &str, strict: bool| {
+            format!("--target {target}{}", if strict { " --strict" } else { "" })
+        };
+        bail!(
+            "`{}` holds results of {} ({}), not of {}: pass --fresh to start over, or another --out",
+            results_path.display(),
+            mode(&r.target, r.strict),
+            r.problem,
+            mode(req.target.name(), req.strict)
+        );
+    }
     let todo: Vec<&Problem> = chosen
         .iter()
         .copied()
@@ -226,7 +284,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
     writeln!(
         out,
-        "bench: {} problem(s), {} already done in {} ({}), {} to run; {}",
+        "bench: {} problem(s), {} already done in {} ({}), {} to run; {}{}",
         chosen.len(),
         chosen.len() - todo.len(),
         req.out_dir.display(),
@@ -240,9 +298,25 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             "judged on the GPU; eager and torch.compile timed in this run"
         } else {
             "no GPU: compile only, nothing is run or timed"
+        },
+        if req.strict {
+            "; strict: every op in a custom kernel"
+        } else {
+            ""
         }
     )?;
-    let mut judge = ProblemJudge::new(gpu, req.timeout, false);
+    // The copy the bandwidth table compares with, timed in this run.
+    let copy_gbps = if gpu {
+        let gbps = copy_bandwidth(req.timeout).context("cannot measure the copy bandwidth")?;
+        writeln!(
+            out,
+            "copy bandwidth: {gbps:.0} GB/s (a 1 GiB device-to-device copy, bytes read and written, timed like every candidate)"
+        )?;
+        Some(gbps)
+    } else {
+        None
+    };
+    let mut judge = ProblemJudge::new(gpu, req.timeout, false, req.strict);
     let mut results = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -278,8 +352,12 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         );
     }
     levels.insert("all".into(), Metrics::of(records.iter().copied()));
+    let bandwidth = copy_gbps.map(|c| bandwidth_table(&records, c));
     let summary = serde_json::json!({
-        "target": "cuda",
+        "copy_gbps": copy_gbps,
+        "bandwidth": bandwidth,
+        "target": req.target.name(),
+        "strict": req.strict,
         "gpu": gpu,
         "levels": levels,
         "problems": records,
@@ -289,6 +367,33 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         .with_context(|| format!("cannot write `{}`", bench_json.display()))?;
     writeln!(out)?;
     print_table(out, &levels, gpu)?;
+    if let (Some(copy), Some(rows)) = (copy_gbps, &bandwidth)
+        && !rows.is_empty()
+    {
+        writeln!(
+            out,
+            "\nbandwidth of the memory-bound problems written as kernels only, against the copy ({copy:.0} GB/s):\n"
+        )?;
+        writeln!(
+            out,
+            "| family | problems | median GB/s | median of copy | lowest of copy (problem) | at >= 70% of copy |"
+        )?;
+        writeln!(out, "|---|---|---|---|---|---|")?;
+        for r in rows {
+            writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0}% | {:.0}% ({}) | {} of {} |",
+                r.family,
+                r.problems,
+                r.median_gbps,
+                100.0 * r.median_of_copy,
+                100.0 * r.lowest_of_copy,
+                r.lowest,
+                r.at_70_percent,
+                r.problems
+            )?;
+        }
+    }
     let missed: Vec<&&Record> = records
         .iter()
         .filter(|r| r.status != "correct" && r.status != "compiled_only")
@@ -324,8 +429,13 @@ fn bench_one(
     let mut record = Record {
         problem: p.full_name(),
         level: p.level,
+        target: target.name().into(),
+        strict: judge.strict,
         status: "error".into(),
         why: None,
+        family: String::new(),
+        memory_bound: false,
+        bandwidth_gbps: None,
         call_library_only: false,
         kernels: 0,
         library_calls: 0,
@@ -349,7 +459,14 @@ fn bench_one(
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))
         });
-    match result.and_then(|g| optimize_problem(&mut log, p, &g, judge, &out_dir, target)) {
+    let mut graph = None;
+    let optimized = result.and_then(|g| {
+        record.family = family(&g);
+        let s = optimize_problem(&mut log, p, &g, judge, &out_dir, target);
+        graph = Some(g);
+        s
+    });
+    match optimized {
         Ok(s) => {
             record.kernels = s.kernels;
             record.library_calls = s.library_calls;
@@ -371,6 +488,15 @@ fn bench_one(
                     record.speedup_eager = o.speedup_vs("eager");
                     record.speedup_compile = o.speedup_vs("compile");
                     record.roofline_fraction = o.achieved.as_ref().map(|a| a.roofline_fraction);
+                    record.bandwidth_gbps = o.achieved.as_ref().map(|a| a.bandwidth_gbps);
+                    let spec =
+                        find_device(&builtin_devices(), o.device.as_deref().unwrap_or("")).cloned();
+                    record.memory_bound = match (&graph, spec) {
+                        (Some(g), Some(spec)) => {
+                            roofline(g, &spec, MathMode::TORCH_DEFAULTS).bound == Bound::Memory
+                        }
+                        _ => false,
+                    };
                 }
                 Some(_) => record.status = "compiled_only".into(),
                 None => {
@@ -394,6 +520,160 @@ fn bench_one(
     record.seconds = started.elapsed().as_secs_f64();
     let _ = std::fs::write(out_dir.join("log.txt"), &log);
     record
+}
+
+/// The family a graph is benched in: its op classes but layout, with
+/// pointwise left out when another class is there.
+fn family(g: &OpGraph) -> String {
+    let classes: Vec<OpClass> = g
+        .op_classes()
+        .into_iter()
+        .filter(|c| !matches!(c, OpClass::Layout | OpClass::Dropout))
+        .collect();
+    let main: Vec<&str> = classes
+        .iter()
+        .filter(|c| **c != OpClass::Pointwise || classes.len() == 1)
+        .map(|c| c.name())
+        .collect();
+    main.join("+")
+}
+
+/// The intent whose program the copy kernel is: one GiB in, one out.
+const COPY_INTENT: &str = "y = x * 1.0";
+const COPY_SHAPE: &str = "x=16384x16384";
+
+/// A device-to-device copy of one GiB (16-byte loads and stores, a thread
+/// per four floats), checked and timed by the native evaluator under the
+/// protocol every candidate meets (L2 flushed before each timed run): the
+/// bandwidth memory-bound programs are compared with. Bytes read and
+/// written both count.
+fn copy_bandwidth(timeout: Duration) -> Result<f64> {
+    let shapes = mtmc_actions::intent::parse_shapes(COPY_SHAPE)?;
+    let bindings = mtmc_actions::intent::Bindings {
+        shapes: shapes.clone(),
+        dtype: None,
+    };
+    let g = mtmc_actions::intent::compile(COPY_INTENT, &bindings)?;
+    let n4: u64 = shapes["x"].iter().product::<u64>() / 4;
+    let block = 256u64;
+    let program = CudaProgram {
+        source: "extern \"C\" __global__ void copy4(const float4* __restrict__ x, float4* __restrict__ y, long long n4) {\n    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n    if (i < n4) y[i] = x[i];\n}\n".into(),
+        buffers: vec![
+            Buffer {
+                name: "x".into(),
+                input: Some("x".into()),
+                output: None,
+                bytes: None,
+            },
+            Buffer {
+                name: "y".into(),
+                input: None,
+                output: Some(0),
+                bytes: None,
+            },
+        ],
+        launches: vec![Launch {
+            kernel: "copy4".into(),
+            grid: [n4.div_ceil(block) as u32, 1, 1],
+            block: [block as u32, 1, 1],
+            shared_bytes: 0,
+            args: vec![
+                Arg::Buffer("x".into()),
+                Arg::Buffer("y".into()),
+                Arg::I64(n4 as i64),
+            ],
+        }],
+    };
+    let problem = ProblemSource {
+        name: "copy".into(),
+        code: String::new(),
+        graph: Some(GraphSource::Intent {
+            text: COPY_INTENT.into(),
+            shapes,
+            dtype: None,
+        }),
+    };
+    let exe = std::env::current_exe().context("cannot find the mtmc binary")?;
+    let mut native = NativeEvaluator::new(exe.into(), None, Protocol::KERNELBENCH_FP32, timeout);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let candidate = Candidate::Cuda {
+        name: "copy".into(),
+        program,
+    };
+    let mut o = runtime.block_on(native.evaluate(&problem, &candidate))?;
+    if o.status != Status::Correct {
+        bail!(
+            "the copy kernel that measures the bandwidth was {}: {}",
+            o.status.name(),
+            o.why.or(o.error).unwrap_or_default()
+        );
+    }
+    if let Some(spec) = find_device(&builtin_devices(), o.device.as_deref().unwrap_or("")) {
+        o.add_roofline(&g, spec, MathMode::TORCH_DEFAULTS);
+    }
+    o.achieved.map(|a| a.bandwidth_gbps).context(
+        "the copy ran on a GPU mtmc has no figures for, so its bytes per second are unknown",
+    )
+}
+
+/// One row of the bandwidth table: a family's memory-bound problems whose
+/// best program is kernels only (no library call), against the copy.
+#[derive(Debug, Serialize)]
+pub struct FamilyBandwidth {
+    /// The family.
+    pub family: String,
+    /// Its memory-bound problems with a correct program of kernels only.
+    pub problems: usize,
+    /// Median GB/s.
+    pub median_gbps: f64,
+    /// Median over the copy's GB/s.
+    pub median_of_copy: f64,
+    /// Lowest over the copy's GB/s, and its problem.
+    pub lowest_of_copy: f64,
+    /// The problem with the lowest.
+    pub lowest: String,
+    /// Problems at 70 % of the copy or more.
+    pub at_70_percent: usize,
+}
+
+/// The bandwidth table's rows, by family.
+fn bandwidth_table(records: &[&Record], copy_gbps: f64) -> Vec<FamilyBandwidth> {
+    let mut by: BTreeMap<&str, Vec<(&str, f64)>> = BTreeMap::new();
+    for r in records {
+        // A program with a library call measures the library too.
+        if let (true, 0, Some(gbps), false) = (
+            r.memory_bound,
+            r.library_calls,
+            r.bandwidth_gbps,
+            r.family.is_empty(),
+        ) && r.status == "correct"
+        {
+            by.entry(&r.family).or_default().push((&r.problem, gbps));
+        }
+    }
+    by.into_iter()
+        .map(|(family, mut v)| {
+            v.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let n = v.len();
+            let median = if n % 2 == 1 {
+                v[n / 2].1
+            } else {
+                0.5 * (v[n / 2 - 1].1 + v[n / 2].1)
+            };
+            FamilyBandwidth {
+                family: family.to_string(),
+                problems: n,
+                median_gbps: median,
+                median_of_copy: median / copy_gbps,
+                lowest_of_copy: v[0].1 / copy_gbps,
+                lowest: v[0].0.to_string(),
+                at_70_percent: v.iter().filter(|x| x.1 >= 0.7 * copy_gbps).count(),
+            }
+        })
+        .collect()
 }
 
 /// The reason on the log's first rolled-back or failed variant (the
@@ -423,6 +703,8 @@ fn bench_line(r: &Record) -> String {
     }
     if r.call_library_only {
         line += "  [call-library only]";
+    } else if r.library_calls > 0 && r.status == "correct" {
+        line += &format!("  [{} library call(s)]", r.library_calls);
     }
     line
 }
@@ -479,4 +761,100 @@ fn print_table(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(text: &str, shapes: &str) -> OpGraph {
+        let bindings = mtmc_actions::intent::Bindings {
+            shapes: mtmc_actions::intent::parse_shapes(shapes).unwrap(),
+            dtype: None,
+        };
+        mtmc_actions::intent::compile(text, &bindings).unwrap()
+    }
+
+    #[test]
+    fn a_family_is_the_op_classes_with_pointwise_left_out_beside_others() {
+        assert_eq!(family(&graph("y = relu(x) * 2.0", "x=4x8")), "pointwise");
+        assert_eq!(family(&graph("y = sum(relu(x), dim=1)", "x=4x8")), "reduce");
+        assert_eq!(
+            family(&graph("y = softmax(x @ w, dim=1)", "x=4x8,w=8x8")),
+            "matmul+softmax"
+        );
+    }
+
+    fn record(problem: &str, family: &str, gbps: f64) -> Record {
+        Record {
+            problem: problem.into(),
+            level: 1,
+            target: "cuda".into(),
+            strict: false,
+            status: "correct".into(),
+            why: None,
+            family: family.into(),
+            memory_bound: true,
+            bandwidth_gbps: Some(gbps),
+            call_library_only: false,
+            kernels: 1,
+            library_calls: 0,
+            judged: 1,
+            judged_correct: 1,
+            mean_ms: Some(1.0),
+            eager_ms: None,
+            compile_ms: None,
+            speedup_eager: None,
+            speedup_compile: None,
+            roofline_fraction: None,
+            seconds: 1.0,
+            dir: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_bandwidth_table_takes_memory_bound_kernels_by_family_against_the_copy() {
+        let library_only = Record {
+            call_library_only: true,
+            library_calls: 1,
+            ..record("L1/4", "reduce", 2900.0)
+        };
+        let with_a_library_call = Record {
+            library_calls: 1,
+            ..record("L2/1", "conv", 600.0)
+        };
+        let compute_bound = Record {
+            memory_bound: false,
+            ..record("L1/5", "reduce", 100.0)
+        };
+        let wrong = Record {
+            status: "no_correct_variant".into(),
+            ..record("L1/6", "reduce", 100.0)
+        };
+        let records = [
+            record("L1/1", "pointwise", 2400.0),
+            record("L1/2", "reduce", 1500.0),
+            record("L1/3", "reduce", 2700.0),
+            library_only,
+            with_a_library_call,
+            compute_bound,
+            wrong,
+        ];
+        let refs: Vec<&Record> = records.iter().collect();
+        let rows = bandwidth_table(&refs, 3000.0);
+        assert_eq!(rows.len(), 2);
+        let (p, r) = (&rows[0], &rows[1]);
+        assert_eq!(
+            (p.family.as_str(), p.problems, p.at_70_percent),
+            ("pointwise", 1, 1)
+        );
+        assert!((p.median_of_copy - 0.8).abs() < 1e-12);
+        assert_eq!(
+            (r.family.as_str(), r.problems, r.at_70_percent),
+            ("reduce", 2, 1)
+        );
+        assert!((r.median_gbps - 2100.0).abs() < 1e-9);
+        assert!((r.lowest_of_copy - 0.5).abs() < 1e-12);
+        assert_eq!(r.lowest, "L1/2");
+    }
 }

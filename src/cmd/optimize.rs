@@ -43,6 +43,8 @@ pub struct Request<'a> {
     pub target: Target,
     /// Which coder writes it.
     pub coder: Coder,
+    /// Strict mode: every op in a custom kernel, no library call.
+    pub strict: bool,
 }
 
 /// Which coder writes the kernels.
@@ -220,9 +222,9 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             };
             let found = match llm {
                 Some(l) => llm_search(out, &g, &regions, l, true, judge)?,
-                None => search(out, &g, &regions, &variants, Target::Cuda, judge)?,
+                None => search(out, &g, &regions, &variants, Target::Cuda, true, judge)?,
             };
-            let wrote = conclude(out, req.out_dir, text, found, |program| {
+            let wrote = conclude(out, req.out_dir, text, found, &g, |program| {
                 let cuda = to_cuda_program(&g, program).map_err(anyhow::Error::msg)?;
                 write(req.out_dir, "program.cu", &cuda.source)?;
                 write(
@@ -247,12 +249,17 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             let g = traced
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
-            let mut judge = ProblemJudge::new(gpu, req.timeout, true);
+            let mut judge = ProblemJudge::new(gpu, req.timeout, true, req.strict);
             let summary = match &req.coder {
                 Coder::Template => {
                     optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?
                 }
                 Coder::Llm(l) => {
+                    if req.strict {
+                        bail!(
+                            "--strict works with the template coder (--coder template); the LLM coder's programs keep matmuls and convolutions as library calls, which its report lists"
+                        );
+                    }
                     if req.target == Target::Triton {
                         bail!(
                             "--coder llm writes CUDA kernels; use --target cuda (the template coder writes Triton)"
@@ -278,6 +285,9 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
 /// compile only when the machine has no GPU.
 pub struct ProblemJudge {
     pub(crate) gpu: bool,
+    /// Strict mode: every op in a custom kernel, and the worker fails a
+    /// candidate whose forward computes with torch.
+    pub(crate) strict: bool,
     runtime: tokio::runtime::Runtime,
     pool: WorkerPool,
 }
@@ -285,8 +295,9 @@ pub struct ProblemJudge {
 impl ProblemJudge {
     /// A judge; `cache_baselines` reads eager and torch.compile timings from
     /// the cache instead of timing them in this run.
-    pub fn new(gpu: bool, timeout: Duration, cache_baselines: bool) -> ProblemJudge {
-        ProblemJudge::with_baselines(gpu, timeout, cache_baselines, &["eager", "compile"])
+    /// `strict` keeps every op in a custom kernel (see [`ProblemJudge::strict`]).
+    pub fn new(gpu: bool, timeout: Duration, cache_baselines: bool, strict: bool) -> ProblemJudge {
+        ProblemJudge::with_baselines(gpu, timeout, cache_baselines, &["eager", "compile"], strict)
     }
 
     /// A judge timing only `baselines` (exploration needs eager alone).
@@ -295,8 +306,10 @@ impl ProblemJudge {
         timeout: Duration,
         cache_baselines: bool,
         baselines: &[&str],
+        strict: bool,
     ) -> ProblemJudge {
         let settings = WorkerSettings {
+            strict,
             baselines: baselines.iter().map(|b| b.to_string()).collect(),
             baseline_cache: if cache_baselines {
                 crate::source::cache_dir().map(|d| d.join("baselines"))
@@ -314,6 +327,7 @@ impl ProblemJudge {
         };
         ProblemJudge {
             gpu,
+            strict,
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -384,7 +398,15 @@ pub fn optimize_problem(
     let mut attempts = Vec::new();
     let mut best: Option<(f64, Program, Params, Outcome, usize)> = None;
     let mut not_covered = None;
+    let strict = judge.strict;
     for (k, (graph, rewrites)) in graphs.iter().enumerate() {
+        if strict && let Some(gap) = strict_gap(graph, target) {
+            if let Some(names) = rewrites {
+                writeln!(out, "rewritten ({names}): {gap}")?;
+            }
+            not_covered.get_or_insert(anyhow::anyhow!("{gap}"));
+            continue;
+        }
         let regions = match regions(graph, true, false) {
             Ok(r) => r,
             Err(e) => {
@@ -396,20 +418,28 @@ pub fn optimize_problem(
             }
         };
         // Without kernels, the variants are one program.
-        let variants = &variants_for(graph, target, true, regions.is_empty())[..];
+        let variants = &variants_for(graph, target, !strict, regions.is_empty())[..];
         let library = graph
             .nodes()
             .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
             .count();
         writeln!(
             out,
-            "{}{p}: {} kernel(s) for {} op(s), {library} library call(s){}; {} variant(s), {}",
+            "{}{p}: {} kernel(s) for {} op(s), {library} {}{}; {} variant(s), {}",
             rewrites
                 .as_ref()
                 .map_or(String::new(), |r| format!("rewritten ({r}) ")),
             regions.len(),
             regions.iter().map(Vec::len).sum::<usize>(),
-            if regions.is_empty() {
+            // Strict mode leaves only matrix products, as GEMM kernels.
+            if strict {
+                "matrix product(s) as GEMM kernels"
+            } else {
+                "library call(s)"
+            },
+            if strict {
+                " (strict: every op a kernel)"
+            } else if regions.is_empty() {
                 " (call-library only)"
             } else {
                 ""
@@ -421,9 +451,15 @@ pub fn optimize_problem(
                 "judged by compile only (no GPU: nothing is run or timed)"
             },
         )?;
-        let found = search(out, graph, &regions, variants, target, |program, label| {
-            judge_program(judge, &problem, graph, &p.code, program, label, &specs)
-        })?;
+        let found = search(
+            out,
+            graph,
+            &regions,
+            variants,
+            target,
+            strict,
+            |program, label| judge_program(judge, &problem, graph, &p.code, program, label, &specs),
+        )?;
         summary.judged += found.judged;
         summary.correct += found.correct;
         summary.variants += variants.len();
@@ -436,30 +472,29 @@ pub fn optimize_problem(
         {
             // Ops no fragment computes are torch calls (with Triton, also
             // the regions it refused).
-            let covered = program.covered();
             summary.kernels = program.fragments.len();
-            summary.library_calls = graph
-                .nodes()
-                .filter(|(id, n)| {
-                    !n.op.is_source()
-                        && !n.op.is_view()
-                        && !matches!(n.op, Op::Layout(Layout::Permute { .. }))
-                        && !covered.contains(id)
-                })
-                .count();
+            summary.library_calls = library_ops(graph, &program).len();
             best = Some((ms, program, params, o, k));
         }
     }
     // When no kernel program is correct (or none can be written), every op
     // stays a torch call: the call-library action over the whole graph,
-    // reported as a program with no kernel.
-    if best.is_none() {
+    // reported as a program with no kernel. Not in strict mode.
+    if best.is_none() && !strict {
         match mtmc_coder::export::to_model_new(g, &Program::default(), &p.code) {
             Ok(_) => {
                 // No regions: the one program is the graph as torch calls.
-                let found = search(out, g, &[], &VARIANTS[..1], target, |program, label| {
-                    judge_program(judge, &problem, g, &p.code, program, label, &specs)
-                })?;
+                let found = search(
+                    out,
+                    g,
+                    &[],
+                    &VARIANTS[..1],
+                    target,
+                    false,
+                    |program, label| {
+                        judge_program(judge, &problem, g, &p.code, program, label, &specs)
+                    },
+                )?;
                 summary.variants += 1;
                 summary.judged += found.judged;
                 summary.correct += found.correct;
@@ -469,10 +504,7 @@ pub fn optimize_problem(
                 }
                 if let Some((ms, program, params, o)) = found.best {
                     summary.kernels = 0;
-                    summary.library_calls = g
-                        .nodes()
-                        .filter(|(_, n)| !n.op.is_source() && !n.op.is_view())
-                        .count();
+                    summary.library_calls = library_ops(g, &program).len();
                     best = Some((ms, program, params, o, 0));
                 }
             }
@@ -497,10 +529,46 @@ pub fn optimize_problem(
         best: best.map(|(ms, program, params, o, _)| (ms, program, params, o)),
     };
     let (graph, rewrites) = &graphs[chosen];
-    conclude(out, out_dir, &p.full_name(), found, |program| {
+    conclude(out, out_dir, &p.full_name(), found, graph, |program| {
         write_model_new(out_dir, graph, program, &p.code, rewrites.is_some())
     })?;
     Ok(summary)
+}
+
+/// Why graph `g` cannot be computed in strict mode (every op a custom
+/// kernel) with `target`'s families, when it cannot: the library ops no
+/// family computes (convolutions, attention; matrix products with Triton).
+fn strict_gap(g: &OpGraph, target: Target) -> Option<String> {
+    let gaps: Vec<String> = g
+        .nodes()
+        .filter(|(_, n)| {
+            mtmc_coder::export::library_op(&n.op)
+                && (target == Target::Triton || !matches!(n.op, Op::MatMul(_)))
+        })
+        .map(|(_, n)| format!("{} ({})", n.name, n.op))
+        .collect();
+    (!gaps.is_empty()).then(|| {
+        format!(
+            "strict: the template coder has no family yet for {}, which only a library call computes; without --strict it stays one",
+            gaps.join(", ")
+        )
+    })
+}
+
+/// The compute ops of `g` that no fragment of `program` computes: in its
+/// `ModelNew` they are library calls (torch, cuBLAS, cuDNN), and every
+/// report lists them. Views and permutes (torch views) are not compute.
+pub(crate) fn library_ops(g: &OpGraph, program: &Program) -> Vec<String> {
+    let covered = program.covered();
+    g.nodes()
+        .filter(|(id, n)| {
+            !n.op.is_source()
+                && !n.op.is_view()
+                && !matches!(n.op, Op::Layout(Layout::Permute { .. }))
+                && !covered.contains(id)
+        })
+        .map(|(_, n)| format!("{} ({})", n.name, n.op))
+        .collect()
 }
 
 /// Writes `program` of graph `g` (the rewritten one when `rewritten`) as
@@ -624,6 +692,7 @@ fn search(
     regions: &[Vec<u32>],
     variants: &[Variant],
     target: Target,
+    strict: bool,
     mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
     let mut found = Found::default();
@@ -651,7 +720,9 @@ fn search(
         };
         let built = match target {
             Target::Cuda => build(g, regions, params, fuse, gemm, TemplateCoder, false),
-            Target::Triton => build(g, regions, params, fuse, gemm, TritonCoder, true),
+            // Strict: a region the coder refuses fails the variant
+            // instead of staying torch calls.
+            Target::Triton => build(g, regions, params, fuse, gemm, TritonCoder, !strict),
         };
         let program = match built {
             Ok((p, refused)) => {
@@ -757,11 +828,23 @@ pub(crate) fn conclude(
     out_dir: &Path,
     subject: &str,
     found: Found,
+    g: &OpGraph,
     write_best: impl FnOnce(&Program) -> Result<&'static str>,
 ) -> Result<bool> {
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
-    let report = serde_json::json!({"subject": subject, "attempts": found.attempts});
+    // The best program's library calls, flagged in the report and the
+    // last line.
+    let library = found
+        .best
+        .as_ref()
+        .map(|b| library_ops(g, &b.1))
+        .unwrap_or_default();
+    let report = serde_json::json!({
+        "subject": subject,
+        "library_calls": library,
+        "attempts": found.attempts,
+    });
     write(
         out_dir,
         "report.json",
@@ -771,6 +854,19 @@ pub(crate) fn conclude(
         return Ok(false);
     };
     let files = write_best(&program)?;
+    if !library.is_empty() {
+        let shown = library.len().min(4);
+        writeln!(
+            out,
+            "library calls in the best program (torch, cuBLAS, cuDNN): {}{}",
+            library[..shown].join(", "),
+            if library.len() > shown {
+                format!(" and {} more", library.len() - shown)
+            } else {
+                String::new()
+            }
+        )?;
+    }
     let llm_kernels: Vec<&str> = program
         .fragments
         .iter()
@@ -1098,14 +1194,17 @@ pub fn optimize_problem_llm(
     }
     let summary = Summary {
         kernels: found.best.as_ref().map_or(0, |b| b.1.fragments.len()),
-        library_calls: 0,
+        library_calls: found
+            .best
+            .as_ref()
+            .map_or(0, |b| library_ops(g, &b.1).len()),
         variants: 1,
         judged: found.judged,
         correct: found.correct,
         best: found.best.as_ref().map(|b| b.3.clone()),
         params: found.best.as_ref().map(|b| b.2),
     };
-    conclude(out, out_dir, &p.full_name(), found, |program| {
+    conclude(out, out_dir, &p.full_name(), found, g, |program| {
         write_model_new(out_dir, g, program, &p.code, false)
     })?;
     Ok(summary)

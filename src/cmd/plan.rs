@@ -363,10 +363,12 @@ pub fn plan_problem(
     }
     let rewritten = j.rewritten.as_ref().filter(|_| j.best_rewritten);
     let wrote = match out_dir {
-        Some(dir) => conclude(out, dir, &p.full_name(), j.found, |program| {
+        Some(dir) => {
             let graph = rewritten.map_or(g, |r| &r.graph);
-            write_model_new(dir, graph, program, &p.code, rewritten.is_some())
-        })?,
+            conclude(out, dir, &p.full_name(), j.found, graph, |program| {
+                write_model_new(dir, graph, program, &p.code, rewritten.is_some())
+            })?
+        }
         None => j.found.best.is_some(),
     };
     Ok(EpisodeResult {
@@ -779,7 +781,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     let mut store = Store::open(req.store)?;
     let mut loaded = req.planner.load(req.seed)?;
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
-    let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"]);
+    let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
     let done = store.finished_episodes(loaded.planner.name())?;
     let work: Vec<(&mtmc_actions::problem::Problem, usize)> = chosen
         .iter()
@@ -1195,7 +1197,7 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
             "no GPU: every program is judged by compile only (nothing is run or timed)"
         )?;
     }
-    let mut judge = ProblemJudge::new(gpu, req.timeout, true);
+    let mut judge = ProblemJudge::new(gpu, req.timeout, true, false);
     let mut loaded = req.planner.load(req.seed)?;
     let mut store = req.store.map(Store::open).transpose()?;
     let r = plan_problem(

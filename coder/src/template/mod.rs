@@ -71,7 +71,7 @@ fn one_node(
     // Kernels read their input through `LOAD_X(index)`, so that a
     // pointwise prologue can be fused in by redefining it.
     let source = if source.contains("LOAD_X(") {
-        format!("{LOAD_X}\n{source}#undef LOAD_X\n")
+        format!("{LOAD_X}\n{source}#undef LOAD_X\n#undef MTMC_PROLOGUE\n")
     } else {
         source
     };
@@ -155,7 +155,13 @@ fn fuse_prologue(
         pro.source,
         f.source.replace(decl, &params.join(" ")).replace(
             LOAD_X,
-            &format!("#define LOAD_X(i) {}_x((i), {})", f.name, args.join(", "))
+            // Kernels that read 16 bytes at a time where nothing is
+            // fused in read element by element under MTMC_PROLOGUE.
+            &format!(
+                "#define LOAD_X(i) {}_x((i), {})\n#define MTMC_PROLOGUE",
+                f.name,
+                args.join(", ")
+            )
         )
     );
     let mut inputs = pro.inputs;

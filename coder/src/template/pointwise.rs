@@ -14,7 +14,7 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::{BinaryOp, Op, UnaryOp};
 
-use super::{Refusal, WAVES, lit};
+use super::{Refusal, lit};
 use crate::action::{Action, Params};
 use crate::program::{Fragment, Launch};
 
@@ -681,7 +681,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     src.push_str("    }\n}\n");
     let items = numel.div_ceil(u64::from(vector));
-    let grid = items.div_ceil(u64::from(block)).clamp(1, WAVES) as u32;
+    // A thread per item: a grid-stride loop over a grid of a few waves
+    // ran at 93 % of a copy's bandwidth on an H100, a grid that covers
+    // the items once at the copy's. The loop stays for grids past CUDA's
+    // limit.
+    let grid = items.div_ceil(u64::from(block)).clamp(1, (1 << 31) - 1) as u32;
     Ok(Fragment {
         name: name.to_string(),
         action: action.clone(),

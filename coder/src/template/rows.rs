@@ -216,6 +216,21 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         Kind::Norm2 => format!("sqrtf({acc})"),
         _ => acc.to_string(),
     };
+    // Long rows of a softmax: a cluster of blocks holds each row in its
+    // shared memory, read once.
+    if let Kind::Softmax { log } = kind
+        && inner == 1
+        && let Some(chunk) = cluster_chunk(k)
+    {
+        let src = cluster_softmax(name, log);
+        let launch = Launch {
+            shared: (chunk * 4) as u32,
+            grid: (outer * CLUSTER) as u32,
+            block: CLUSTER_BLOCK,
+            sizes: vec![outer as i64, k as i64],
+        };
+        return Ok(one_node(name, action, src, vec![input], node, launch));
+    }
     // Fewer rows than SMs, each long: the rows are split across blocks.
     if inner == 1 && outer < 132 && k >= 1 << 16 {
         let Some(monoid) = kind.monoid() else {
@@ -353,6 +368,175 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         sizes,
     };
     Ok(one_node(name, action, src, vec![input], node, launch))
+}
+
+/// Blocks in a cluster that shares a softmax row.
+const CLUSTER: u64 = 8;
+
+/// Threads of a cluster's block: a block has the SM to itself when its
+/// share of the row is large, so it brings all the loads it can.
+const CLUSTER_BLOCK: u32 = 1024;
+
+/// The floats of a row each block of a cluster holds, when a row of `k`
+/// floats is long enough to be worth a cluster (from 32768, where a block
+/// per row reads its row three times from memory), short enough for
+/// `CLUSTER` blocks' shared memory (200 KiB each at most), and splits into
+/// float4s evenly.
+fn cluster_chunk(k: u64) -> Option<u64> {
+    let chunk = k / CLUSTER;
+    (k >= 1 << 15 && k.is_multiple_of(4 * CLUSTER) && chunk * 4 <= 200 * 1024).then_some(chunk)
+}
+
+/// Softmax (or log-softmax) over rows of `K` floats, a cluster of
+/// [`CLUSTER`] blocks per row: each block copies its share of the row
+/// into shared memory (16-byte loads, or four `LOAD_X`s when a prologue is
+/// fused in) while keeping an online max and sum of exponentials; the
+/// blocks combine their statistics through distributed shared memory
+/// (`mapa` + `ld.shared::cluster`, between two cluster barriers, the
+/// second keeping every block's memory alive until all have read it); then
+/// each writes its share from shared memory. The row is read from device
+/// memory once.
+fn cluster_softmax(name: &str, log: bool) -> String {
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {} over rows, a cluster of {CLUSTER} blocks per row held in shared memory",
+        if log { "log_softmax" } else { "softmax" }
+    );
+    let _ = writeln!(
+        src,
+        "__device__ __forceinline__ void {name}_combine(float& m, float& s, float m2, float s2) {{\n    float M = fmaxf(m, m2);\n    if (M == __int_as_float(0xff800000)) return;\n    s = s * expf(m - M) + s2 * expf(m2 - M);\n    m = M;\n}}"
+    );
+    let _ = writeln!(
+        src,
+        "__device__ __forceinline__ void {name}_reduce(float& m, float& s) {{\n    for (int o = 16; o; o >>= 1) {{ float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o); {name}_combine(m, s, m2, s2); }}\n}}"
+    );
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void __cluster_dims__({CLUSTER}, 1, 1) __launch_bounds__({CLUSTER_BLOCK}) {name}(const float* __restrict__ x, float* __restrict__ y, long long rows, long long K) {{"
+    );
+    src.push_str("    extern __shared__ float4 row_[];\n");
+    src.push_str("    __shared__ float2 part_[32];\n    __shared__ float2 stat_;\n");
+    src.push_str(CLUSTER_RANK);
+    let _ = writeln!(
+        src,
+        "    const long long r = blockIdx.x / {CLUSTER};\n    const long long chunk4 = K / {};\n    const long long first = r * (K / 4) + rank * chunk4;",
+        4 * CLUSTER
+    );
+    src.push_str("    float m = __int_as_float(0xff800000), s = 0.0f;\n");
+    src.push_str("    for (long long i = threadIdx.x; i < chunk4; i += blockDim.x) {\n");
+    cluster_load(&mut src, "first + i");
+    src.push_str("        row_[i] = v;\n        float M = fmaxf(fmaxf(m, fmaxf(v.x, v.y)), fmaxf(v.z, v.w));\n        s = s * expf(m - M) + expf(v.x - M) + expf(v.y - M) + expf(v.z - M) + expf(v.w - M);\n        m = M;\n    }\n");
+    let _ = writeln!(
+        src,
+        "    {name}_reduce(m, s);\n    if ((threadIdx.x & 31) == 0) part_[threadIdx.x >> 5] = make_float2(m, s);\n    __syncthreads();\n    if (threadIdx.x < 32) {{\n        float2 p = threadIdx.x < (blockDim.x >> 5) ? part_[threadIdx.x] : make_float2(__int_as_float(0xff800000), 0.0f);\n        m = p.x; s = p.y;\n        {name}_reduce(m, s);\n        if (threadIdx.x == 0) stat_ = make_float2(m, s);\n    }}"
+    );
+    src.push_str(CLUSTER_SYNC);
+    let _ = writeln!(
+        src,
+        "    if (threadIdx.x < 32) {{\n        float2 p = make_float2(__int_as_float(0xff800000), 0.0f);\n        if (threadIdx.x < {CLUSTER}) {{\n            unsigned local = (unsigned)__cvta_generic_to_shared(&stat_), remote;\n            asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"((unsigned)threadIdx.x));\n            asm volatile(\"ld.shared::cluster.v2.f32 {{%0, %1}}, [%2];\" : \"=f\"(p.x), \"=f\"(p.y) : \"r\"(remote) : \"memory\");\n        }}\n        m = p.x; s = p.y;\n        {name}_reduce(m, s);\n        if (threadIdx.x == 0) part_[0] = make_float2(m, {});\n    }}",
+        if log { "logf(s)" } else { "s" }
+    );
+    src.push_str(CLUSTER_SYNC);
+    src.push_str("    const float M = part_[0].x, S = part_[0].y;\n");
+    src.push_str("    float4* out = reinterpret_cast<float4*>(y) + first;\n");
+    src.push_str("    for (long long i = threadIdx.x; i < chunk4; i += blockDim.x) {\n        float4 v = row_[i];\n");
+    if log {
+        src.push_str(
+            "        out[i] = make_float4(v.x - M - S, v.y - M - S, v.z - M - S, v.w - M - S);\n",
+        );
+    } else {
+        src.push_str("        out[i] = make_float4(expf(v.x - M) / S, expf(v.y - M) / S, expf(v.z - M) / S, expf(v.w - M) / S);\n");
+    }
+    src.push_str("    }\n}\n");
+    src
+}
+
+/// `rank`: the block's place in its cluster.
+const CLUSTER_RANK: &str =
+    "    unsigned rank;\n    asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(rank));\n";
+
+/// `float4 v`, the input's float4 at index `at` (an expression): one
+/// 16-byte load, or four `LOAD_X`s when a prologue is fused in.
+fn cluster_load(src: &mut String, at: &str) {
+    let _ = writeln!(
+        src,
+        "#ifdef MTMC_PROLOGUE\n        const long long e = 4 * ({at});\n        float4 v = make_float4(LOAD_X(e), LOAD_X(e + 1), LOAD_X(e + 2), LOAD_X(e + 3));\n#else\n        float4 v = reinterpret_cast<const float4*>(x)[{at}];\n#endif"
+    );
+}
+
+/// The cluster barrier: every thread of every block of the cluster
+/// arrives, and memory written before it (shared memory included) is seen
+/// after it.
+const CLUSTER_SYNC: &str = "    asm volatile(\"barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n";
+
+/// A layer, RMS, group or instance norm (`what`) over rows of `K` floats,
+/// a cluster of [`CLUSTER`] blocks per row: each block copies its share
+/// of the row into shared memory while summing it; the sums are combined
+/// across the cluster (`_csum`: a block reduction, then each block reads
+/// the others' totals through distributed shared memory, between two
+/// cluster barriers); the squared deviations from the mean are summed
+/// from shared memory the same way; each block writes its share,
+/// normalized, scaled (`scale`) and shifted (`shift`, expressions of the
+/// row `r` and the index `k` in it). Two passes over device memory
+/// instead of four.
+fn cluster_norm(
+    name: &str,
+    what: &str,
+    params: &[String],
+    rms: bool,
+    eps: &str,
+    scale: &str,
+    shift: &str,
+) -> String {
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {what}, a cluster of {CLUSTER} blocks per row held in shared memory"
+    );
+    let _ = writeln!(
+        src,
+        "__device__ __forceinline__ float {name}_csum(float v, float* part) {{\n    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n    __syncthreads();\n    if (threadIdx.x < 32) {{\n        v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;\n        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n        if (threadIdx.x == 0) part[32] = v;\n    }}"
+    );
+    src.push_str(CLUSTER_SYNC);
+    let _ = writeln!(
+        src,
+        "    if (threadIdx.x < 32) {{\n        float p = 0.0f;\n        if (threadIdx.x < {CLUSTER}) {{\n            unsigned local = (unsigned)__cvta_generic_to_shared(part + 32), remote;\n            asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"((unsigned)threadIdx.x));\n            asm volatile(\"ld.shared::cluster.f32 %0, [%1];\" : \"=f\"(p) : \"r\"(remote) : \"memory\");\n        }}\n        for (int o = 16; o; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);\n        if (threadIdx.x == 0) part[33] = p;\n    }}"
+    );
+    src.push_str(CLUSTER_SYNC);
+    src.push_str("    return part[33];\n}\n");
+    let _ = writeln!(
+        src,
+        "extern \"C\" __global__ void __cluster_dims__({CLUSTER}, 1, 1) __launch_bounds__({CLUSTER_BLOCK}) {name}({}) {{",
+        params.join(", ")
+    );
+    src.push_str("    extern __shared__ float4 row4_[];\n    const float* row_ = reinterpret_cast<const float*>(row4_);\n    __shared__ float part_[34];\n");
+    src.push_str(CLUSTER_RANK);
+    let _ = writeln!(
+        src,
+        "    const long long r = blockIdx.x / {CLUSTER};\n    const long long chunk = K / {CLUSTER};\n    const long long xr = r * K;\n    const long long first = xr + rank * chunk;"
+    );
+    src.push_str("    float acc = 0.0f;\n    for (long long i = threadIdx.x; i < chunk / 4; i += blockDim.x) {\n");
+    cluster_load(&mut src, "first / 4 + i");
+    src.push_str("        row4_[i] = v;\n        acc += (v.x + v.y) + (v.z + v.w);\n    }\n");
+    if rms {
+        src.push_str("    __syncthreads();\n    const float mean = 0.0f;\n");
+    } else {
+        let _ = writeln!(
+            src,
+            "    const float mean = {name}_csum(acc, part_) / (float)K;"
+        );
+    }
+    src.push_str("    float sq = 0.0f;\n    for (long long j = threadIdx.x; j < chunk; j += blockDim.x) { float d = row_[j] - mean; sq += d * d; }\n");
+    let _ = writeln!(
+        src,
+        "    const float rstd = rsqrtf({name}_csum(sq, part_) / (float)K + {eps});"
+    );
+    let _ = writeln!(
+        src,
+        "    for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {{ const long long k = rank * chunk + j; y[xr + k] = (row_[j] - mean) * rstd{scale}{shift}; }}\n}}"
+    );
+    src
 }
 
 /// Fewer `(outer, inner)` lines than this (the threads an H100 holds at
@@ -737,6 +921,9 @@ fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refu
 /// Layer, RMS, group and instance norm: each normalized group of elements
 /// is one contiguous row; the mean, then the variance (two passes,
 /// compensated sums), then the normalized, scaled and shifted output.
+/// Long rows take a cluster of blocks that holds the row in shared memory
+/// ([`cluster_norm`]); few long rows, a statistics pass split across
+/// blocks.
 pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
     let [node] = action.nodes()[..] else {
         return Err(Refusal::new("a norm kernel covers one op"));
@@ -770,6 +957,37 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     let rms = matches!(kind, NormKind::Rms { .. });
     let block = one_per_thread(action, "norm")?;
     let (mut params, inputs) = norm_operands(&ins, *affine, *bias);
+    let scale = if *affine {
+        format!(" * w[{channel}]")
+    } else {
+        String::new()
+    };
+    let shift = if *bias {
+        format!(" + b[{channel}]")
+    } else {
+        String::new()
+    };
+    let sizes = [
+        "float* __restrict__ y".to_string(),
+        "long long rows".into(),
+        "long long K".into(),
+    ];
+    // Long rows, enough of them for the SMs (16 clusters of 8): a cluster
+    // of blocks holds each row in shared memory.
+    if let Some(chunk) = cluster_chunk(k)
+        && rows >= 16
+    {
+        let what = format!("{kind:?} over {rows} rows of {k} (eps {eps})");
+        params.extend(sizes);
+        let src = cluster_norm(name, &what, &params, rms, &lit(*eps)?, &scale, &shift);
+        let launch = Launch {
+            shared: (chunk * 4) as u32,
+            grid: (rows * CLUSTER) as u32,
+            block: CLUSTER_BLOCK,
+            sizes: vec![rows as i64, k as i64],
+        };
+        return Ok(one_node(name, action, src, inputs, node, launch));
+    }
     if let Some(splits) = norm_splits(rows, k, block) {
         let norm = SplitNorm {
             what: format!("{kind:?}"),
@@ -785,11 +1003,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         };
         return Ok(norm.fragment(name, action, params, inputs, node));
     }
-    params.extend([
-        "float* __restrict__ y".to_string(),
-        "long long rows".into(),
-        "long long K".into(),
-    ]);
+    params.extend(sizes);
     let mut src = String::new();
     let _ = writeln!(
         src,
@@ -826,16 +1040,6 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         "        const float rstd = rsqrtf(squares / (float)K + {});",
         lit(*eps)?
     );
-    let scale = if *affine {
-        format!(" * w[{channel}]")
-    } else {
-        String::new()
-    };
-    let shift = if *bias {
-        format!(" + b[{channel}]")
-    } else {
-        String::new()
-    };
     let _ = writeln!(
         src,
         "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = (LOAD_X(xr + k) - mean) * rstd{scale}{shift};"
