@@ -496,15 +496,17 @@ fn cluster_norm(
     );
     let _ = writeln!(
         src,
-        "__device__ __forceinline__ float {name}_csum(float v, float* part) {{\n    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;\n    __syncthreads();\n    if (threadIdx.x < 32) {{\n        v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;\n        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n        if (threadIdx.x == 0) part[32] = v;\n    }}"
+        "__device__ __forceinline__ float {name}_csum(float v, float* shared) {{"
     );
+    block_reduce(&mut src, "v", "a + b", "0.0f");
+    src.push_str("    if (threadIdx.x == 0) shared[32] = v;\n");
     src.push_str(CLUSTER_SYNC);
     let _ = writeln!(
         src,
-        "    if (threadIdx.x < 32) {{\n        float p = 0.0f;\n        if (threadIdx.x < {CLUSTER}) {{\n            unsigned local = (unsigned)__cvta_generic_to_shared(part + 32), remote;\n            asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"((unsigned)threadIdx.x));\n            asm volatile(\"ld.shared::cluster.f32 %0, [%1];\" : \"=f\"(p) : \"r\"(remote) : \"memory\");\n        }}\n        for (int o = 16; o; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);\n        if (threadIdx.x == 0) part[33] = p;\n    }}"
+        "    if (threadIdx.x < 32) {{\n        float p = 0.0f;\n        if (threadIdx.x < {CLUSTER}) {{\n            unsigned local = (unsigned)__cvta_generic_to_shared(shared + 32), remote;\n            asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"((unsigned)threadIdx.x));\n            asm volatile(\"ld.shared::cluster.f32 %0, [%1];\" : \"=f\"(p) : \"r\"(remote) : \"memory\");\n        }}\n        for (int o = 16; o; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);\n        if (threadIdx.x == 0) shared[33] = p;\n    }}"
     );
     src.push_str(CLUSTER_SYNC);
-    src.push_str("    return part[33];\n}\n");
+    src.push_str("    return shared[33];\n}\n");
     let _ = writeln!(
         src,
         "extern \"C\" __global__ void __cluster_dims__({CLUSTER}, 1, 1) __launch_bounds__({CLUSTER_BLOCK}) {name}({}) {{",
