@@ -214,12 +214,12 @@ impl Metrics {
     }
 }
 
-/// The folder name of a problem's results.
 /// Records written before the target was recorded wrote CUDA.
 fn cuda() -> String {
     "cuda".into()
 }
 
+/// The folder name of a problem's results.
 fn dir_name(p: &Problem) -> String {
     format!("L{}_{}", p.level, p.name)
 }
