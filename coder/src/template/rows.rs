@@ -434,7 +434,8 @@ fn cluster_softmax(name: &str, log: bool) -> String {
     src.push_str(CLUSTER_SYNC);
     let _ = writeln!(
         src,
-        "    if (threadIdx.x < 32) {{\n        float2 p = make_float2(__int_as_float(0xff800000), 0.0f);\n        if (threadIdx.x < {CLUSTER}) {{\n            unsigned local = (unsigned)__cvta_generic_to_shared(&stat_), remote;\n            asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"((unsigned)threadIdx.x));\n            asm volatile(\"ld.shared::cluster.v2.f32 {{%0, %1}}, [%2];\" : \"=f\"(p.x), \"=f\"(p.y) : \"r\"(remote) : \"memory\");\n        }}\n        m = p.x; s = p.y;\n        {name}_reduce(m, s);\n        if (threadIdx.x == 0) part_[0] = make_float2(m, {});\n    }}",
+        "    if (threadIdx.x < 32) {{\n        float2 p = make_float2(__int_as_float(0xff800000), 0.0f);\n        if (threadIdx.x < {CLUSTER}) {{\n{}        }}\n        m = p.x; s = p.y;\n        {name}_reduce(m, s);\n        if (threadIdx.x == 0) part_[0] = make_float2(m, {});\n    }}",
+        cluster_read("&stat_", "p", true),
         if log { "logf(s)" } else { "s" }
     );
     src.push_str(CLUSTER_SYNC);
@@ -463,6 +464,23 @@ fn cluster_load(src: &mut String, at: &str) {
         src,
         "#ifdef MTMC_PROLOGUE\n        const long long e = 4 * ({at});\n        float4 v = make_float4(LOAD_X(e), LOAD_X(e + 1), LOAD_X(e + 2), LOAD_X(e + 3));\n#else\n        float4 v = reinterpret_cast<const float4*>(x)[{at}];\n#endif"
     );
+}
+
+/// Lines that read into `dest` the value at shared address `ptr` of the
+/// cluster's block `threadIdx.x`: a `float2` when `pair`, else a `float`.
+fn cluster_read(ptr: &str, dest: &str, pair: bool) -> String {
+    let load = if pair {
+        format!(
+            "asm volatile(\"ld.shared::cluster.v2.f32 {{%0, %1}}, [%2];\" : \"=f\"({dest}.x), \"=f\"({dest}.y) : \"r\"(remote) : \"memory\");"
+        )
+    } else {
+        format!(
+            "asm volatile(\"ld.shared::cluster.f32 %0, [%1];\" : \"=f\"({dest}) : \"r\"(remote) : \"memory\");"
+        )
+    };
+    format!(
+        "            unsigned local = (unsigned)__cvta_generic_to_shared({ptr}), remote;\n            asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"((unsigned)threadIdx.x));\n            {load}\n"
+    )
 }
 
 /// The cluster barrier: every thread of every block of the cluster
@@ -503,7 +521,8 @@ fn cluster_norm(
     src.push_str(CLUSTER_SYNC);
     let _ = writeln!(
         src,
-        "    if (threadIdx.x < 32) {{\n        float p = 0.0f;\n        if (threadIdx.x < {CLUSTER}) {{\n            unsigned local = (unsigned)__cvta_generic_to_shared(shared + 32), remote;\n            asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(remote) : \"r\"(local), \"r\"((unsigned)threadIdx.x));\n            asm volatile(\"ld.shared::cluster.f32 %0, [%1];\" : \"=f\"(p) : \"r\"(remote) : \"memory\");\n        }}\n        for (int o = 16; o; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);\n        if (threadIdx.x == 0) shared[33] = p;\n    }}"
+        "    if (threadIdx.x < 32) {{\n        float p = 0.0f;\n        if (threadIdx.x < {CLUSTER}) {{\n{}        }}\n        for (int o = 16; o; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);\n        if (threadIdx.x == 0) shared[33] = p;\n    }}",
+        cluster_read("shared + 32", "p", false)
     );
     src.push_str(CLUSTER_SYNC);
     src.push_str("    return shared[33];\n}\n");
