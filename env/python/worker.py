@@ -463,6 +463,7 @@ def settings(req):
         "trials": req.get("trials", 100),
         "inputs": req.get("inputs", "device"),
         "device": req.get("device", "cuda"),
+        "references": req.get("references", "auto"),
     }
 
 
@@ -478,8 +479,8 @@ def pick_device(req):
 
 def reference_side(problem, req, device):
     """The model, the seeds of every check, the reference outputs (kept on
-    the GPU when they fit in a third of its memory, else on the host) and
-    the baselines. Cached per problem and settings."""
+    the GPU when they fit in about half of its memory, else recomputed for
+    each check) and the baselines. Cached per problem and settings."""
     s = settings(req)
     key = json.dumps([problem["code"], s])
     if _REFERENCE.get("key") == key:
@@ -507,23 +508,62 @@ def build_reference(problem, s, device):
     trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(s["correctness_trials"])]
     # The last seed gives the fresh values checked after timing.
     check_seeds = trial_seeds + [s["seed"] + 1]
-    refs, on_device = [], True
+    ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}}
+    refs, kept = [], "device" if device.type == "cuda" else "host"
+    if s["references"] == "recompute":
+        kept = "recomputed"
     for trial_seed in check_seeds:
         inputs = make_inputs(ns, trial_seed, device, s["inputs"])
         with t.no_grad():
             outs = [o.detach() for o in outputs_of(model(*inputs))]
-        if device.type == "cuda" and on_device and not refs:
-            # Comparing against outputs in host memory costs a PCIe copy per
-            # check (about a second for a 6 GB output): keep them on the GPU
-            # when they take at most about half of what is free.
+        if kept == "device" and not refs:
+            # Every check compares against outputs kept on the GPU when all
+            # of them take at most about half of its memory (blocks the
+            # allocator caches count as free). Larger ones are recomputed
+            # on the GPU for each check, a forward of milliseconds, where
+            # copying them from host memory took about a second per 6 GB.
             size = sum(o.numel() * o.element_size() for o in outs) * len(check_seeds)
             free, _total = t.cuda.mem_get_info(device)
-            on_device = size <= 0.55 * (free + size / len(check_seeds))
-        if not on_device:
-            outs = [o.to("cpu") for o in outs]
-        refs.append(outs)
-        del inputs
-    return {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "refs": refs, "refs_on_device": on_device and device.type == "cuda", "baselines": {}}
+            free += t.cuda.memory_reserved(device) - t.cuda.memory_allocated(device)
+            if size > 0.55 * (free + size / len(check_seeds)):
+                kept = "recomputed"
+        refs.append(outs if kept != "recomputed" else None)
+        del inputs, outs
+    ref.update(refs=refs, refs_kept=kept)
+    return ref
+
+
+def math_flags():
+    """The precision switches the reference computed under."""
+    t = torch()
+    return {
+        "matmul_tf32": t.backends.cuda.matmul.allow_tf32,
+        "cudnn_tf32": t.backends.cudnn.allow_tf32,
+        "precision": t.get_float32_matmul_precision(),
+    }
+
+
+def reference_outputs(ref, n, inputs):
+    """The reference's outputs for check `n` (computed from `inputs`, which
+    must hold that check's values): the kept ones, or a forward of the
+    reference model under the math switches it was first computed with, so
+    that a candidate that turned on TF32 does not change the reference too."""
+    kept = ref["refs"][n]
+    if kept is not None:
+        return kept
+    t = torch()
+    now = math_flags()
+    want = ref["math"]
+    try:
+        t.backends.cuda.matmul.allow_tf32 = want["matmul_tf32"]
+        t.backends.cudnn.allow_tf32 = want["cudnn_tf32"]
+        t.set_float32_matmul_precision(want["precision"])
+        with t.no_grad():
+            return [o.detach() for o in outputs_of(ref["model"](*inputs))]
+    finally:
+        t.backends.cuda.matmul.allow_tf32 = now["matmul_tf32"]
+        t.backends.cudnn.allow_tf32 = now["cudnn_tf32"]
+        t.set_float32_matmul_precision(now["precision"])
 
 
 def baseline_cache_file(problem, s, device, directory):
@@ -581,7 +621,7 @@ def prepare(req):
         return {"status": "not_run", "why": "torch sees no GPU on this machine"}
     began = _clock()
     ref = reference_side(req["problem"], req, device)
-    return {"seconds": _clock() - began, "baselines": ref["baselines"], "refs_on_device": ref["refs_on_device"]}
+    return {"seconds": _clock() - began, "baselines": ref["baselines"], "refs_kept": ref["refs_kept"]}
 
 
 def runtime_error(outcome, e):
@@ -658,8 +698,10 @@ def evaluate(req):
         return outcome
     checks = []
     check_began = _clock()
-    for n, (trial_seed, refs) in enumerate(zip(ref["trial_seeds"], ref["refs"])):
+    for n, trial_seed in enumerate(ref["trial_seeds"]):
         inputs = make_inputs(ns, trial_seed, device, s["inputs"])
+        # Before the candidate runs: it could write into its inputs.
+        refs = reference_outputs(ref, n, inputs)
         with t.no_grad():
             kept = snapshot(inputs)
             try:
@@ -690,7 +732,7 @@ def evaluate(req):
                 return outcome
             del kept
             check = compare(refs, outputs_of(out), atol, rtol, min_scale_ratio)
-        del inputs, out
+        del inputs, out, refs
         checks.append(check)
         if not check["ok"]:
             outcome.update(status="incorrect", trials_run=len(checks), **{k: v for k, v in check.items() if k not in ("ok", "scale")})
@@ -715,14 +757,15 @@ def evaluate(req):
         # cached during timing (keyed on the buffers) fails here.
         with t.no_grad():
             fresh = make_inputs(ns, ref["check_seeds"][-1], device, s["inputs"])
+            refs = reference_outputs(ref, len(ref["check_seeds"]) - 1, fresh)
             for buf, new in zip(inputs, fresh):
                 if isinstance(buf, t.Tensor):
                     buf.copy_(new)
             del fresh
             out = model_new(*inputs)
             sync()
-            check = compare(ref["refs"][-1], outputs_of(out), atol, rtol, min_scale_ratio)
-        del inputs, out
+            check = compare(refs, outputs_of(out), atol, rtol, min_scale_ratio)
+        del inputs, out, refs
     except Exception as e:
         return runtime_error(outcome, e)
     if not check["ok"]:

@@ -107,6 +107,10 @@ pub struct WorkerSettings {
     pub cpu: bool,
     /// Fail candidates that compute with torch ops.
     pub strict: bool,
+    /// Recompute the reference outputs for every check instead of keeping
+    /// them, as the worker does on its own when they would take more than
+    /// about half of the GPU's memory.
+    pub recompute_references: bool,
     /// Wall-clock limit per candidate.
     pub limit: Duration,
     /// Wall-clock limit for a problem's reference side and baselines
@@ -123,6 +127,7 @@ impl Default for WorkerSettings {
             inputs_on_device: true,
             cpu: false,
             strict: false,
+            recompute_references: false,
             limit: Duration::from_secs(120),
             prepare_limit: Duration::from_secs(600),
         }
@@ -165,6 +170,7 @@ impl WorkerEvaluator {
             "inputs": if s.inputs_on_device { "device" } else { "host" },
             "device": if s.cpu { "cpu" } else { "cuda" },
             "strict": s.strict,
+            "references": if s.recompute_references { "recompute" } else { "auto" },
         })
     }
 

@@ -36,6 +36,15 @@ fn candidate(name: &str) -> Candidate {
 }
 
 fn evaluator(python: OsString, strict: bool, limit: Duration) -> WorkerEvaluator {
+    evaluator_with(python, strict, false, limit)
+}
+
+fn evaluator_with(
+    python: OsString,
+    strict: bool,
+    recompute_references: bool,
+    limit: Duration,
+) -> WorkerEvaluator {
     let settings = WorkerSettings {
         protocol: Protocol {
             trials: 5,
@@ -43,6 +52,7 @@ fn evaluator(python: OsString, strict: bool, limit: Duration) -> WorkerEvaluator
         },
         cpu: true,
         strict,
+        recompute_references,
         limit,
         ..WorkerSettings::default()
     };
@@ -58,7 +68,21 @@ async fn eval(ev: &mut WorkerEvaluator, problem_file: &str, candidate_file: &str
 #[tokio::test]
 async fn every_cpu_cheat_is_caught_and_honest_work_passes() {
     let Some(python) = torch_python() else { return };
-    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    every_cheat_is_caught(evaluator(python, false, Duration::from_secs(120))).await;
+}
+
+/// The same checks when the reference outputs are recomputed for every
+/// check (what the worker does when they do not fit on the GPU).
+#[tokio::test]
+async fn every_cpu_cheat_is_caught_with_recomputed_references() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator_with(python, false, true, Duration::from_secs(120));
+    let report = ev.prepare(&problem("problem_relu.py")).await.unwrap();
+    assert_eq!(report["refs_kept"], "recomputed", "{report}");
+    every_cheat_is_caught(ev).await;
+}
+
+async fn every_cheat_is_caught(mut ev: WorkerEvaluator) {
     let cases = [
         ("problem_relu.py", "mutates_input.py", "modified input 0"),
         (

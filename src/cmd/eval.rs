@@ -222,6 +222,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         inputs_on_device: !req.host_inputs,
         cpu: req.cpu,
         strict: req.strict,
+        recompute_references: false,
         limit: req.timeout,
         prepare_limit: req.timeout.max(Duration::from_secs(900)),
     };
