@@ -33,6 +33,12 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
             "x=64x65536,w=65536,b=65536",
         ),
         ("y = rms_norm(relu(x), g, dim=-1)", "x=64x65536,g=65536"),
+        // Few groups of a million: chunks of a group in registers, one
+        // block each, statistics combined by the last block.
+        (
+            "y = layer_norm(x, w, b, dim=-1)",
+            "x=8x1048576,w=1048576,b=1048576",
+        ),
         ("y = sum(x, dim=0)", "x=2048x512"),
         ("y = logsumexp(exp(x) + 1.0, dim=1)", "x=512x8192"),
         ("y = relu(x @ w + b)", "x=1024x512,w=512x768,b=768"),

@@ -398,25 +398,37 @@ fn losses_compile_elementwise_and_by_rows_with_one_combining_block() {
 }
 
 #[test]
-fn norms_of_few_long_groups_take_a_statistics_pass_then_a_normalizing_pass() {
-    // LayerNorm over [64, 256, 256] of 16 rows: 16 groups of 4 M.
-    let g = traced(1, "40_LayerNorm");
-    let f = common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Norm(_))).unwrap();
-    compiles(&f, "split layer norm");
-    let kernels: Vec<&str> = f.launches().map(|(k, _)| k).collect();
-    assert_eq!(kernels, ["k0_rows_stats", "k0_rows"]);
-    let splits = f.launch.sizes[2];
-    assert!(
-        splits > 1 && i64::from(f.launch.grid) == 16 * splits,
-        "{:?}",
-        f.launch
-    );
-    // Chan's combination of the blocks' statistics.
-    assert!(
-        f.source.contains("m2 += stats[2 * p + 1] +"),
-        "{}",
-        f.source
-    );
+fn norms_of_long_groups_read_each_chunk_once_for_statistics_then_normalize() {
+    // LayerNorm over [64, 256, 256] of 16 rows: 16 groups of 4 M (too few
+    // to fill the GPU); GroupNorm of [112, 64, 512, 512] in 8 groups: 896
+    // groups of 2 M (too long for a cluster's shared memory).
+    for (name, groups, count) in [
+        ("40_LayerNorm", 16, 64 << 16),
+        ("35_GroupNorm_", 896, 8 << 18),
+    ] {
+        let g = traced(1, name);
+        let f =
+            common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Norm(_))).unwrap();
+        compiles(&f, name);
+        let kernels: Vec<&str> = f.launches().map(|(k, _)| k).collect();
+        assert_eq!(kernels, ["k0_rows_stats", "k0_rows"], "{name}");
+        let block = i64::from(f.launch.block);
+        let splits = f.launch.sizes[2];
+        assert_eq!(f.launch.sizes[..2], [groups, count], "{name}");
+        assert_eq!(splits, (count + 16 * block - 1) / (16 * block), "{name}");
+        assert_eq!(i64::from(f.launch.grid), groups * splits, "{name}");
+        // The chunk in registers, read once by each launch (the third
+        // LOAD_X is its definition).
+        assert!(f.source.contains("float v_[k0_rows_PER];"), "{}", f.source);
+        assert_eq!(f.source.matches("LOAD_X(").count(), 3, "{}", f.source);
+        // Chan's combination of the chunks' statistics by the last block.
+        assert!(
+            f.source.contains("m2 += stats[2 * p + 1] +"),
+            "{}",
+            f.source
+        );
+        assert!(f.source.contains("k0_rows_done[r] = 0u;"), "{}", f.source);
+    }
 }
 
 #[test]

@@ -943,8 +943,8 @@ fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refu
 /// is one contiguous row; the mean, then the variance (two passes,
 /// compensated sums), then the normalized, scaled and shifted output.
 /// Long rows take a cluster of blocks that holds the row in shared memory
-/// ([`cluster_norm`]); few long rows, a statistics pass split across
-/// blocks.
+/// ([`cluster_norm`]); few long rows, or rows too long for a cluster,
+/// are cut into chunks of a block each ([`SplitNorm`]).
 pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
     let [node] = action.nodes()[..] else {
         return Err(Refusal::new("a norm kernel covers one op"));
@@ -1095,20 +1095,31 @@ fn norm_operands(
     (params, inputs)
 }
 
-/// Blocks per group when a norm has too few groups to fill the GPU and
-/// long ones: `None` when a block per group does.
+/// Elements each thread of a split norm's block holds in registers: a
+/// block's chunk of a group is `SPLIT_PER_THREAD * block` elements.
+const SPLIT_PER_THREAD: u64 = 16;
+
+/// Blocks per group when a norm's groups are better cut into chunks, one
+/// block each: few long groups (too few to fill the GPU), or groups too
+/// long for a cluster's shared memory, whose three passes a block per
+/// group would read from memory; `None` when a block per group does.
 fn norm_splits(groups: u64, count: u64, block: u32) -> Option<u64> {
-    let splits = (2 * WAVES / groups.max(1)).min(count / (u64::from(block) * 4));
-    (groups < 2 * 132 && splits > 1).then_some(splits)
+    let chunk = SPLIT_PER_THREAD * u64::from(block);
+    let long = count >= 8 * chunk;
+    let few = groups < 2 * 132 && count >= 2 * chunk;
+    (long || few).then(|| count.div_ceil(chunk))
 }
 
-/// A norm over few long groups, in two passes over `splits` blocks per
-/// group. The statistics pass leaves each block's count-weighted mean and
-/// sum of squared deviations (two passes over its chunk, compensated) in
-/// module memory; the normalizing pass combines a group's partials (Chan's
-/// formula: the total of the squared deviations is the blocks' own plus
-/// each block's count times its mean's squared distance from the group's)
-/// and writes its chunk.
+/// A norm over long groups in two launches of `splits` blocks per group,
+/// each block one chunk of `SPLIT_PER_THREAD * blockDim.x` elements held
+/// in registers. The statistics launch reads the chunk once: its mean,
+/// then the sum of squared deviations from it, go to module memory, and
+/// the last block of the group to finish (an atomic count after a fence)
+/// combines the group's partials by Chan's formula (the total of the
+/// squared deviations is the chunks' own plus each chunk's count times its
+/// mean's squared distance from the group's) into the group's mean and
+/// 1/std. The normalizing launch reads the chunk again and writes it: three
+/// passes over memory in all.
 struct SplitNorm {
     /// What it computes, for the comment.
     what: String,
@@ -1154,10 +1165,11 @@ impl SplitNorm {
         let params = params.join(", ");
         let stats = format!("{name}_stats");
         let address = &self.address;
+        let per = SPLIT_PER_THREAD;
         let mut src = String::new();
         let _ = writeln!(
             src,
-            "// {name}: {} over {groups} group(s) of {count}, each split across {splits} blocks",
+            "// {name}: {} over {groups} group(s) of {count}, each cut into {splits} chunks of {per} elements a thread",
             self.what
         );
         let _ = writeln!(
@@ -1165,64 +1177,79 @@ impl SplitNorm {
             "__device__ float {name}_part[{}];",
             2 * groups * splits
         );
-        let chunk = "    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n    const long long chunk = (count + splits - 1) / splits;\n    const long long lo = min(count, part * chunk), hi = min(count, lo + chunk);\n";
-        let sum = |src: &mut String, var: &str, term: &str| {
-            compensated_sum(
-                src,
-                "    ",
-                var,
-                "for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x)",
-                address,
-                term,
-            );
-            block_reduce(src, var, "a + b", "0.0f");
-        };
-        // The statistics pass.
-        let _ = writeln!(src, "extern \"C\" __global__ void {stats}({params}) {{");
-        src.push_str("    __shared__ float shared[32];\n");
-        src.push_str(chunk);
-        src.push_str("    const float n = (float)(hi - lo);\n");
-        if self.rms {
-            src.push_str("    const float mean = 0.0f;\n");
-        } else {
-            sum(&mut src, "total", "v");
-            src.push_str("    const float mean = n > 0.0f ? total / n : 0.0f;\n");
-        }
-        sum(&mut src, "squares", "(v - mean) * (v - mean)");
-        let _ = writeln!(
-            src,
-            "    if (threadIdx.x == 0) {{ {name}_part[2 * blockIdx.x] = mean; {name}_part[2 * blockIdx.x + 1] = squares; }}\n}}"
+        let _ = writeln!(src, "__device__ float {name}_stat[{}];", 2 * groups);
+        let _ = writeln!(src, "__device__ unsigned int {name}_done[{groups}];");
+        let _ = writeln!(src, "#define {name}_PER {per}");
+        let chunk = format!(
+            "    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n    const long long chunk = {name}_PER * (long long)blockDim.x;\n    const long long lo = part * chunk, hi = min(count, lo + chunk);\n"
         );
-        // The normalizing pass.
-        let _ = writeln!(src, "extern \"C\" __global__ void {name}({params}) {{");
-        src.push_str("    __shared__ float shared[32];\n");
-        src.push_str(chunk);
+        let each = format!(
+            "        #pragma unroll\n        for (int i = 0; i < {name}_PER; ++i) {{ const long long k = lo + (long long)i * blockDim.x + threadIdx.x;"
+        );
+        // The statistics launch.
+        let _ = writeln!(src, "extern \"C\" __global__ void {stats}({params}) {{");
+        src.push_str("    __shared__ float shared[32];\n    __shared__ bool last;\n");
+        src.push_str(&chunk);
+        src.push_str("    {\n");
         let _ = writeln!(
             src,
-            "    const float* stats = {name}_part + 2 * r * splits;"
+            "        float v_[{name}_PER];\n        float total = 0.0f;"
+        );
+        let _ = writeln!(
+            src,
+            "{each} v_[i] = k < hi ? LOAD_X({address}) : 0.0f; total += v_[i]; }}"
+        );
+        if self.rms {
+            src.push_str("        const float mean = 0.0f;\n");
+        } else {
+            block_reduce(&mut src, "total", "a + b", "0.0f");
+            src.push_str("        const float mean = total / (float)(hi - lo);\n");
+        }
+        src.push_str("        float squares = 0.0f;\n");
+        let _ = writeln!(
+            src,
+            "{each} if (k < hi) {{ const float d = v_[i] - mean; squares += d * d; }} }}"
+        );
+        block_reduce(&mut src, "squares", "a + b", "0.0f");
+        let _ = writeln!(
+            src,
+            "        if (threadIdx.x == 0) {{\n            {name}_part[2 * blockIdx.x] = mean; {name}_part[2 * blockIdx.x + 1] = squares;\n            __threadfence();\n            last = atomicAdd(&{name}_done[r], 1u) == (unsigned int)(splits - 1);\n        }}\n        __syncthreads();\n    }}"
+        );
+        // The last block of the group combines the chunks' statistics.
+        src.push_str("    if (!last) return;\n    __threadfence();\n    {\n");
+        let _ = writeln!(
+            src,
+            "        const volatile float* stats = {name}_part + 2 * r * splits;"
         );
         let weight = "(float)(min(count, (p + 1) * chunk) - min(count, p * chunk))";
-        src.push_str("    float weighted = 0.0f;\n");
+        src.push_str("        float weighted = 0.0f;\n");
         let _ = writeln!(
             src,
-            "    for (long long p = threadIdx.x; p < splits; p += blockDim.x) weighted += {weight} * stats[2 * p];"
+            "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) weighted += {weight} * stats[2 * p];"
         );
         block_reduce(&mut src, "weighted", "a + b", "0.0f");
         if self.rms {
-            src.push_str("    const float mean = 0.0f;\n");
+            src.push_str("        const float mean = 0.0f;\n");
         } else {
-            src.push_str("    const float mean = weighted / (float)count;\n");
+            src.push_str("        const float mean = weighted / (float)count;\n");
         }
-        src.push_str("    float m2 = 0.0f;\n");
+        src.push_str("        float m2 = 0.0f;\n");
         let _ = writeln!(
             src,
-            "    for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ float d = stats[2 * p] - mean; m2 += stats[2 * p + 1] + {weight} * d * d; }}"
+            "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ const float d = stats[2 * p] - mean; m2 += stats[2 * p + 1] + {weight} * d * d; }}"
         );
         block_reduce(&mut src, "m2", "a + b", "0.0f");
         let _ = writeln!(
             src,
-            "    const float rstd = rsqrtf(m2 / (float)count + {});",
+            "        if (threadIdx.x == 0) {{ {name}_stat[2 * r] = mean; {name}_stat[2 * r + 1] = rsqrtf(m2 / (float)count + {}); {name}_done[r] = 0u; }}\n    }}\n}}",
             self.eps
+        );
+        // The normalizing launch.
+        let _ = writeln!(src, "extern \"C\" __global__ void {name}({params}) {{");
+        src.push_str(&chunk);
+        let _ = writeln!(
+            src,
+            "    const float mean = {name}_stat[2 * r], rstd = {name}_stat[2 * r + 1];"
         );
         let channel = &self.channel;
         let scale = if self.affine {
@@ -1235,9 +1262,10 @@ impl SplitNorm {
         } else {
             String::new()
         };
+        src.push_str("    {\n");
         let _ = writeln!(
             src,
-            "    for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {{ long long at = {address}; y[at] = (LOAD_X(at) - mean) * rstd{scale}{shift}; }}\n}}"
+            "{each} if (k < hi) {{ const long long at = {address}; y[at] = (LOAD_X(at) - mean) * rstd{scale}{shift}; }} }}\n    }}\n}}"
         );
         let launch = Launch {
             shared: 0,
