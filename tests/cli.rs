@@ -808,6 +808,46 @@ fn bench_keeps_each_result_resumes_where_it_stopped_and_starts_over_on_fresh() {
     assert_eq!(results.lines().count(), 2, "{results}");
 }
 
+/// An op no family computes (SqueezeNet's concatenation) stays a torch
+/// call beside kernels for the rest, listed with the library calls; strict
+/// mode names it as what it cannot cover.
+#[test]
+fn an_op_without_a_family_stays_a_torch_call_beside_the_kernels() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let kb = shared_jsonl();
+    let dir = tempfile::tempdir().unwrap();
+    let out = mtmc(&[
+        "optimize",
+        "L3/17",
+        "--kernelbench",
+        &kb,
+        "--out",
+        dir.path().to_str().unwrap(),
+    ])
+    .success();
+    assert!(
+        out.stdout
+            .contains("L3/17_SqueezeNetFireModule: 3 kernel(s) for 3 op(s), 4 library call(s)")
+            && out.stdout.contains("cat (concat dim=1)")
+            && !out.stdout.contains("call-library only"),
+        "{}",
+        out.stdout
+    );
+    let code = std::fs::read_to_string(dir.path().join("model_new.py")).unwrap();
+    assert!(
+        code.contains("torch.cat([") && code.contains("_KERNELS[\"k2_pointwise\"]"),
+        "{code}"
+    );
+    let out = mtmc(&["optimize", "L3/17", "--kernelbench", &kb, "--strict"]).failure();
+    assert!(
+        out.error.contains("no family yet for") && out.error.contains("cat (concat dim=1)"),
+        "{}",
+        out.error
+    );
+}
+
 /// Strict mode: every op in a custom kernel. A GEMM problem gets its
 /// product as a GEMM kernel and a report with no library call (the same
 /// problem without `--strict` lists its cuBLAS call); a convolution, which

@@ -421,7 +421,7 @@ pub fn optimize_problem(
         let variants = &variants_for(graph, target, !strict, regions.is_empty())[..];
         let library = graph
             .nodes()
-            .filter(|(_, n)| mtmc_coder::export::library_op(&n.op))
+            .filter(|(id, n)| mtmc_coder::export::library_op(&n.op) || torch_only(graph, *id))
             .count();
         writeln!(
             out,
@@ -537,13 +537,15 @@ pub fn optimize_problem(
 
 /// Why graph `g` cannot be computed in strict mode (every op a custom
 /// kernel) with `target`'s families, when it cannot: the library ops no
-/// family computes (convolutions, attention; matrix products with Triton).
+/// family computes (convolutions, attention; matrix products with Triton)
+/// and the ops that stay torch calls ([`torch_only`]).
 fn strict_gap(g: &OpGraph, target: Target) -> Option<String> {
     let gaps: Vec<String> = g
         .nodes()
-        .filter(|(_, n)| {
-            mtmc_coder::export::library_op(&n.op)
-                && (target == Target::Triton || !matches!(n.op, Op::MatMul(_)))
+        .filter(|(id, n)| {
+            (mtmc_coder::export::library_op(&n.op)
+                && (target == Target::Triton || !matches!(n.op, Op::MatMul(_))))
+                || torch_only(g, *id)
         })
         .map(|(_, n)| format!("{} ({})", n.name, n.op))
         .collect();
@@ -903,6 +905,18 @@ pub(crate) fn conclude(
 
 /// Whether the node at `index` is computed by a kernel of its own that
 /// reads one element per thread (rows, norms, pooling).
+/// An op of `g` that no template family computes and that is not a library
+/// op (a concatenation, say): in a `ModelNew` it stays a torch call.
+pub(crate) fn torch_only(g: &OpGraph, id: NodeId) -> bool {
+    let op = &g.node(id).op;
+    !(op.is_source()
+        || op.is_view()
+        || mtmc_coder::export::library_op(op)
+        || matches!(op, Op::Layout(Layout::Permute { .. }))
+        || op.class() == OpClass::Pointwise
+        || row_op(g, id.index() as u32))
+}
+
 fn row_op(g: &OpGraph, index: u32) -> bool {
     matches!(
         g.node(NodeId::new(index as usize)).op.class(),
@@ -1080,7 +1094,7 @@ pub(crate) fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 /// matmuls and convolutions stay library calls, and permutes torch views
 /// where the program runs beside torch (`torch_views`: a ModelNew). Other
 /// ops are regions of their own with `others` (an LLM writes them), else
-/// an error.
+/// torch calls beside torch ([`torch_only`]), else an error.
 pub(crate) fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Vec<Vec<u32>>> {
     let mut region_of: std::collections::HashMap<NodeId, usize> = Default::default();
     let mut regions: Vec<Vec<u32>> = Vec::new();
@@ -1106,7 +1120,11 @@ pub(crate) fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Ve
             continue;
         }
         if n.op.class() != OpClass::Pointwise {
-            other.push(format!("{} ({})", n.name, n.op));
+            // Beside torch, an op no family computes stays a torch call
+            // (the call-library action), listed with the library calls.
+            if !torch_views {
+                other.push(format!("{} ({})", n.name, n.op));
+            }
             continue;
         }
         // Join the region of a pointwise producer when this node is its only
