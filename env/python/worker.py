@@ -553,17 +553,19 @@ def reference_outputs(ref, n, inputs):
         return kept
     t = torch()
     now = math_flags()
-    want = ref["math"]
     try:
-        t.backends.cuda.matmul.allow_tf32 = want["matmul_tf32"]
-        t.backends.cudnn.allow_tf32 = want["cudnn_tf32"]
-        t.set_float32_matmul_precision(want["precision"])
+        set_math_flags(ref["math"])
         with t.no_grad():
             return [o.detach() for o in outputs_of(ref["model"](*inputs))]
     finally:
-        t.backends.cuda.matmul.allow_tf32 = now["matmul_tf32"]
-        t.backends.cudnn.allow_tf32 = now["cudnn_tf32"]
-        t.set_float32_matmul_precision(now["precision"])
+        set_math_flags(now)
+
+
+def set_math_flags(flags):
+    t = torch()
+    t.backends.cuda.matmul.allow_tf32 = flags["matmul_tf32"]
+    t.backends.cudnn.allow_tf32 = flags["cudnn_tf32"]
+    t.set_float32_matmul_precision(flags["precision"])
 
 
 def baseline_cache_file(problem, s, device, directory):

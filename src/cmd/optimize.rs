@@ -903,8 +903,6 @@ pub(crate) fn conclude(
     Ok(true)
 }
 
-/// Whether the node at `index` is computed by a kernel of its own that
-/// reads one element per thread (rows, norms, pooling).
 /// An op of `g` that no template family computes and that is not a library
 /// op (a concatenation, say): in a `ModelNew` it stays a torch call.
 pub(crate) fn torch_only(g: &OpGraph, id: NodeId) -> bool {
@@ -917,6 +915,8 @@ pub(crate) fn torch_only(g: &OpGraph, id: NodeId) -> bool {
         || row_op(g, id.index() as u32))
 }
 
+/// Whether the node at `index` is computed by a kernel of its own that
+/// reads one element per thread (rows, norms, pooling).
 fn row_op(g: &OpGraph, index: u32) -> bool {
     matches!(
         g.node(NodeId::new(index as usize)).op.class(),
