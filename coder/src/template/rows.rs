@@ -1191,13 +1191,17 @@ impl SplitNorm {
         src.push_str("    __shared__ float shared[32];\n    __shared__ bool last;\n");
         src.push_str(&chunk);
         src.push_str("    {\n");
+        let _ = writeln!(src, "        float v_[{name}_PER];");
+        // RMS norm: no centering, so no sum.
+        let add = if self.rms {
+            ""
+        } else {
+            src.push_str("        float total = 0.0f;\n");
+            " total += v_[i];"
+        };
         let _ = writeln!(
             src,
-            "        float v_[{name}_PER];\n        float total = 0.0f;"
-        );
-        let _ = writeln!(
-            src,
-            "{each} v_[i] = k < hi ? LOAD_X({address}) : 0.0f; total += v_[i]; }}"
+            "{each} v_[i] = k < hi ? LOAD_X({address}) : 0.0f;{add} }}"
         );
         if self.rms {
             src.push_str("        const float mean = 0.0f;\n");
@@ -1222,15 +1226,15 @@ impl SplitNorm {
             "        const volatile float* stats = {name}_part + 2 * r * splits;"
         );
         let weight = "(float)(min(count, (p + 1) * chunk) - min(count, p * chunk))";
-        src.push_str("        float weighted = 0.0f;\n");
-        let _ = writeln!(
-            src,
-            "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) weighted += {weight} * stats[2 * p];"
-        );
-        block_reduce(&mut src, "weighted", "a + b", "0.0f");
         if self.rms {
             src.push_str("        const float mean = 0.0f;\n");
         } else {
+            src.push_str("        float weighted = 0.0f;\n");
+            let _ = writeln!(
+                src,
+                "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) weighted += {weight} * stats[2 * p];"
+            );
+            block_reduce(&mut src, "weighted", "a + b", "0.0f");
             src.push_str("        const float mean = weighted / (float)count;\n");
         }
         src.push_str("        float m2 = 0.0f;\n");
