@@ -330,7 +330,7 @@ fn compile_reports_each_kernel_or_says_nvrtc_is_missing() {
     if nvrtc_expected() {
         let out = run.success();
         assert!(
-            out.stdout.starts_with("relu.cu compiled for sm_90 in "),
+            out.stdout.starts_with("relu.cu compiled for sm_90a in "),
             "{}",
             out.stdout
         );
@@ -449,7 +449,7 @@ fn eval_without_a_gpu_compiles_the_candidates_cuda_and_runs_nothing() {
     ])
     .success();
     assert!(
-        out.stdout.starts_with("relu.py: compiled_only (compile-only)\n  why: compile only (asked for): 1 kernel(s) compiled for sm_90; nothing was run"),
+        out.stdout.starts_with("relu.py: compiled_only (compile-only)\n  why: compile only (asked for): 1 kernel(s) compiled for sm_90a; nothing was run"),
         "{}",
         out.stdout
     );

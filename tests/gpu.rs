@@ -43,6 +43,7 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
         ("y = logsumexp(exp(x) + 1.0, dim=1)", "x=512x8192"),
         ("y = relu(x @ w + b)", "x=1024x512,w=512x768,b=768"),
         ("y = x @ w.T", "x=1000x256,w=600x256"),
+        ("y = gelu(x @ w.T + b) * 0.5", "x=333x520,w=260x520,b=260"),
         ("y = x.T @ w", "x=256x512,w=256x384"),
         ("y = x.T @ w.T", "x=256x512,w=384x256"),
         ("y = tanh(a @ b) * 2.0", "a=8x128x256,b=8x256x192"),

@@ -705,7 +705,12 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
     } else if cuda.is_empty() {
         py.push_str("# No CUDA kernel: every kernel is a Triton function above.\n_KERNELS = {}\n");
     } else {
-        py.push_str("_MODULE = cp.RawModule(code=_SOURCE, options=(\"--std=c++17\",))\n");
+        // Hopper's arch-specific target where the GPU is one (kernels guard
+        // what only it has); cupy names the plain target after it.
+        py.push_str(
+            "_OPTIONS = (\"--std=c++17\",) + ((\"-arch=sm_90a\",) if cp.cuda.Device().compute_capability == \"90\" else ())\n",
+        );
+        py.push_str("_MODULE = cp.RawModule(code=_SOURCE, options=_OPTIONS)\n");
         let _ = writeln!(
             py,
             "_KERNELS = {{name: _MODULE.get_function(name) for name in [{}]}}",

@@ -52,6 +52,7 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
     for (src, shapes, inputs) in [
         ("y = x @ w", "x=256x512,w=512x384", 2),
         ("y = x @ w.T", "x=256x512,w=384x512", 2),
+        ("y = relu(x @ w.T + b)", "x=200x96,w=300x96,b=300", 3),
         ("y = x.T @ w", "x=512x256,w=512x384", 2),
         ("y = x.T @ w.T", "x=512x256,w=384x512", 2),
         ("y = a @ b", "a=4x128x64,b=4x64x96", 2),
@@ -67,7 +68,39 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
         assert!(f.source.contains("mma.sync.aligned.m16n8k8"), "{src}");
         // Three slices in flight pass the 48 KiB a kernel gets unasked.
         assert!(f.launch.shared > 48 * 1024, "{src}");
-        assert_eq!(f.launch.block, 128);
+        // Both operands K-contiguous: the kernel has a `wgmma` path for
+        // sm_90a (two warpgroups) and the `mma.sync` path for any other
+        // target, with the same launch.
+        let both_k = src.contains("x @ w.T");
+        assert_eq!(f.source.contains("wgmma.mma_async"), both_k, "{src}");
+        assert_eq!(f.launch.block, if both_k { 256 } else { 128 }, "{src}");
+        if both_k {
+            // Hopper's build issues `wgmma`; Ampere's builds the other path.
+            for (arch, wgmma) in [
+                (mtmc_env::nvrtc::Arch::SM90, true),
+                (mtmc_env::nvrtc::Arch { major: 8, minor: 0 }, false),
+            ] {
+                let unit = mtmc_env::nvrtc::CompileUnit {
+                    name: "k.cu".into(),
+                    source: f.source.clone(),
+                };
+                let r = mtmc_env::nvrtc::compile(&unit, arch).expect("NVRTC");
+                assert!(r.ok, "{src} for {}: {}", arch.target(), r.log);
+                let ptx = r.ptx.clone().unwrap_or_default();
+                assert_eq!(
+                    ptx.contains("wgmma.mma_async"),
+                    wgmma,
+                    "{src} for {}",
+                    arch.target()
+                );
+                assert_eq!(
+                    ptx.contains("mma.sync"),
+                    !wgmma,
+                    "{src} for {}",
+                    arch.target()
+                );
+            }
+        }
     }
     // A batch of row-major A times one B is one taller product: tiles of
     // 128 rows over all 4 * 128 rows.

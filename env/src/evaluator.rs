@@ -332,7 +332,7 @@ impl CompileOnly {
                 "compile only ({}): {} kernel(s) compiled for {}; nothing was run, so nothing is known of correctness or speed",
                 self.reason,
                 outcome.kernels.len(),
-                self.arch.sm()
+                self.arch.target()
             ));
         }
         Ok(outcome)

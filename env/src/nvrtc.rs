@@ -33,6 +33,19 @@ impl Arch {
     pub fn sm(&self) -> String {
         format!("sm_{}{}", self.major, self.minor)
     }
+
+    /// The target NVRTC compiles for: Hopper's arch-specific `sm_90a`
+    /// (it has `wgmma`; its code runs on compute capability 9.0 only,
+    /// which is what this arch names), otherwise `sm()`. Kernels that use
+    /// arch-specific instructions guard them with
+    /// `__CUDA_ARCH_FEAT_SM90_ALL`.
+    pub fn target(&self) -> String {
+        if (self.major, self.minor) == (9, 0) {
+            "sm_90a".to_string()
+        } else {
+            self.sm()
+        }
+    }
 }
 
 /// Resources one kernel uses, as ptxas reports them.
@@ -200,12 +213,12 @@ mod ffi {
     }
 }
 
-/// The options every compile uses: device code for `arch`, ptxas resource
+/// The options every compile uses: device code for `arch` (`Arch::target`), ptxas resource
 /// report, line info for diagnostics, and IEEE-exact math (no fast-math, so
 /// fp32 results can meet KernelBench's 1e-4 tolerance).
 pub fn options(arch: Arch) -> Vec<String> {
     vec![
-        format!("-arch={}", arch.sm()),
+        format!("-arch={}", arch.target()),
         "--ptxas-options=-v".into(),
         "-lineinfo".into(),
         "--std=c++17".into(),

@@ -44,7 +44,7 @@ pub fn run(out: &mut dyn std::io::Write, file: &Path, block: u32) -> Result<()> 
     writeln!(
         out,
         "{name} compiled for {} in {:.2} s; {} of device code\n",
-        report.arch.sm(),
+        report.arch.target(),
         report.seconds,
         si(report.cubin.as_ref().map_or(0, Vec::len) as f64, "B"),
     )?;

@@ -11,8 +11,21 @@
 //! accuracy. Measured on the H100 against a float64 product, the error is
 //! below cuBLAS's fp32 SGEMM.
 //!
-//! A block computes a 128×128 tile of the output with four warps (64×64
-//! each, `m16n8k8` fragments); 32-deep slices of both operands are staged
+//! When both operands are K-contiguous (`x @ w.T`, a linear layer) and the
+//! kernel is compiled for Hopper's arch-specific target (`sm_90a`), the
+//! products are `wgmma` instructions of a warpgroup each: a block of two
+//! warpgroups computes a 128×128 tile, 64 rows each. Both operands' raw
+//! slices are staged in shared memory in the 128-byte swizzled layout
+//! `wgmma` reads; the tensor cores read a raw fp32 value as its TF32
+//! truncation (the `big` part), and the block writes each slice's
+//! remainders (`x - big`, rounded to TF32) to a second buffer before the
+//! products read it. Each slice's twelve products go to a fresh
+//! accumulator, added to the running sum in fp32. Compiled for any other
+//! target, the same kernel runs the `mma.sync` body below with eight warps.
+//!
+//! With `mma.sync`, a block computes a 128×128 tile of the output with four
+//! warps (64×64 each, `m16n8k8` fragments; eight warps of 64×32 in the
+//! two-path kernel); 32-deep slices of both operands are staged
 //! through shared memory in three stages with `cp.async`, so loads of the
 //! next slices overlap the products of this one. Either operand may be
 //! K-contiguous or M/N-contiguous (transposed); each layout has its own
@@ -39,8 +52,35 @@ const BN: u64 = 128;
 const BK: u64 = 32;
 /// Slices in flight.
 const STAGES: u64 = 3;
-/// Threads per block: four warps of 64×64.
-const THREADS: u32 = 128;
+/// The `mma.sync` body's warp layout.
+#[derive(Clone, Copy)]
+struct Warps {
+    /// Warps across the tile's columns (rows: the rest).
+    across: u32,
+    /// 8-column fragments per warp.
+    frags: u32,
+    /// Threads per block.
+    threads: u32,
+}
+
+/// Four warps of 64×64: the kernel for operands stored M/N-contiguous.
+const FOUR: Warps = Warps {
+    across: 2,
+    frags: 8,
+    threads: 128,
+};
+/// Eight warps of 64×32: the `mma.sync` path of the two-path kernel.
+const EIGHT: Warps = Warps {
+    across: 4,
+    frags: 4,
+    threads: 256,
+};
+/// Bytes of one raw slice in the `wgmma` path (A and B, 128 rows of 128
+/// bytes each).
+const WG_STAGE: u64 = (BM + BN) * BK * 4;
+/// Shared memory of the `wgmma` path: raw slices in flight, two buffers
+/// of remainders, and 1 KiB to align the swizzled tiles.
+const WG_SHARED: u64 = STAGES * WG_STAGE + 2 * WG_STAGE + 1024;
 
 /// How one operand is laid out in memory.
 struct Operand {
@@ -150,11 +190,19 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         Some(epilogue(g, &chain, out, name)?)
     };
 
-    let shared = 4 * STAGES * (a.tile(BM) + b.tile(BN));
+    // Both operands K-contiguous: `wgmma` where the target has it.
+    let hopper = a.k_contiguous && b.k_contiguous;
+    let warps = if hopper { EIGHT } else { FOUR };
+    let mut shared = 4 * STAGES * (a.tile(BM) + b.tile(BN));
+    if hopper {
+        shared = shared.max(WG_SHARED);
+    }
+    let threads = warps.threads;
     let mut src = String::new();
     let _ = writeln!(
         src,
-        "// {name}: fp32 GEMM ({batch}x) {rows}x{n}x{k} on the tensor cores (3xTF32){}",
+        "// {name}: fp32 GEMM ({batch}x) {rows}x{n}x{k} on the tensor cores (3xTF32{}){}",
+        if hopper { "; wgmma on sm_90a" } else { "" },
         if chain.is_empty() {
             String::new()
         } else {
@@ -165,6 +213,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str(&e.source);
     }
     src.push_str(&helpers(name));
+    if hopper {
+        src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
+        src.push_str(&wgmma_helpers(name));
+        src.push_str("#endif\n");
+    }
     let mut params = vec![
         "const float* __restrict__ a".to_string(),
         "const float* __restrict__ b".to_string(),
@@ -179,7 +232,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     params.push("float* __restrict__ out".into());
     let _ = writeln!(
         src,
-        "extern \"C\" __global__ void __launch_bounds__({THREADS}, 1) {name}({}) {{",
+        "extern \"C\" __global__ void __launch_bounds__({threads}, 1) {name}({}) {{",
         params.join(", ")
     );
     let _ = writeln!(
@@ -198,10 +251,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         n.div_ceil(BN),
         k.div_ceil(BK)
     );
-    src.push_str(&body(name, &a, &b));
     // The epilogue: bias, then the fused chain, at each element's flat
     // offset in the output.
-    let mut value = "acc[i][j][2 * h + q]".to_string();
+    let mut value = "ACC".to_string();
     if bias.is_some() {
         value = format!("({value} + bias[col + q])");
     }
@@ -214,26 +266,21 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         }
         None => value,
     };
-    let _ = writeln!(
-        src,
-        r#"#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {{
-                long long row = m0 + wm * 64 + i * 16 + g + h * 8;
-                long long col = n0 + wn * 64 + j * 8 + 2 * t;
-                if (row >= M) continue;
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {{
-                    if (col + q >= N) continue;
-                    long long o = (bz * M + row) * N + col + q;
-                    out[o] = {store};
-                }}
-            }}
-}}"#
-    );
+    let mma_path = |warps: Warps| {
+        let mut s = body(name, &a, &b, warps);
+        s.push_str(&mma_store(&store, warps));
+        s
+    };
+    if hopper {
+        src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
+        src.push_str(&wgmma_body(name, &store));
+        src.push_str("#else\n");
+        src.push_str(&mma_path(warps));
+        src.push_str("#endif\n");
+    } else {
+        src.push_str(&mma_path(warps));
+    }
+    src.push_str("}\n");
     let mut inputs = vec![ins[0], ins[1]];
     inputs.extend(bias);
     inputs.extend(epi_inputs);
@@ -250,7 +297,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         region: covered,
         launch: Launch {
             grid: u32::try_from(blocks).expect("checked above"),
-            block: THREADS,
+            block: threads,
             sizes: Vec::new(),
             shared: u32::try_from(shared).expect("a few hundred kB"),
         },
@@ -265,6 +312,9 @@ fn helpers(name: &str) -> String {
     format!(
         r#"__device__ __forceinline__ void {name}_cp16(float* dst, const float* src, bool ok) {{
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 16 : 0));
+}}
+__device__ __forceinline__ void {name}_cp16s(unsigned d, const float* src, bool ok) {{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 16 : 0));
 }}
 __device__ __forceinline__ void {name}_split(float x, unsigned& big, unsigned& small) {{
@@ -286,10 +336,16 @@ __device__ __forceinline__ void {name}_mma(float* d, const unsigned* a, const un
     )
 }
 
-/// The staged main loop, leaving `acc[4][8][4]` (this thread's part of
-/// the warp's 64×64 tile), `m0`, `n0`, `bz`, `wm`, `wn`, `g` and `t` in
-/// scope.
-fn body(name: &str, a: &Operand, b: &Operand) -> String {
+/// The staged `mma.sync` main loop, leaving `acc[4][frags][4]` (this
+/// thread's part of the warp's 64-row tile), `m0`, `n0`, `bz`, `wm`, `wn`,
+/// `g` and `t` in scope.
+fn body(name: &str, a: &Operand, b: &Operand, warps: Warps) -> String {
+    let Warps {
+        across,
+        frags: nj,
+        threads,
+    } = warps;
+    let wide = nj * 8;
     let mut s = String::new();
     let (a_tile, b_tile) = (a.tile(BM), b.tile(BN));
     // Fragment reads: (row, k) of A's slice and (column, k) of B's.
@@ -306,7 +362,7 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
     let load = |operand: &Operand, p: &str, extent: &str, rows: u64, base: &str| {
         if operand.k_contiguous {
             format!(
-                r#"        for (int c = tid; c < {chunks}; c += {THREADS}) {{
+                r#"        for (int c = tid; c < {chunks}; c += {threads}) {{
             int r = c / {per}, kc = (c % {per}) * 4;
             bool ok = {base} + r < {extent} && k0 + kc < K;
             {name}_cp16(&{p}s[r * {pad} + kc], ok ? {p} + {p}_off + ({base} + r) * K + k0 + kc : {p}, ok);
@@ -318,7 +374,7 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
             )
         } else {
             format!(
-                r#"        for (int c = tid; c < {chunks}; c += {THREADS}) {{
+                r#"        for (int c = tid; c < {chunks}; c += {threads}) {{
             int r = c / {per}, mc = (c % {per}) * 4;
             bool ok = k0 + r < K && {base} + mc < {extent};
             {name}_cp16(&{p}s[r * {pad} + mc], ok ? {p} + {p}_off + (k0 + r) * {extent} + {base} + mc : {p}, ok);
@@ -334,16 +390,8 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
         s,
         r#"    extern __shared__ __align__(16) float smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wm = warp >> 1, wn = warp & 1;
-    const int per_batch = TILES_M * TILES_N;
-    const long long bz = blockIdx.x / per_batch;
-    const int local = blockIdx.x % per_batch;
-    const int per_group = 8 * TILES_N;
-    const int first_m = (local / per_group) * 8;
-    const int rows_in_group = min(TILES_M - first_m, 8);
-    const long long m0 = (long long)(first_m + (local % per_group) % rows_in_group) * {BM};
-    const long long n0 = (long long)((local % per_group) / rows_in_group) * {BN};
-    const long long a_off = bz * A_BATCH, b_off = bz * B_BATCH;
+    const int wm = warp / {across}, wn = warp % {across};
+{order}    const long long a_off = bz * A_BATCH, b_off = bz * B_BATCH;
     auto load = [&](int kt) {{
         if (kt < KTILES) {{
         const long long k0 = (long long)kt * {BK};
@@ -352,11 +400,11 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
 {load_a}{load_b}        }}
         asm volatile("cp.async.commit_group;\n");
     }};
-    float acc[4][8][4];
+    float acc[4][{nj}][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < {nj}; ++j)
 #pragma unroll
             for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.0f;
 #pragma unroll
@@ -369,7 +417,7 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
         const float* bs = smem + {STAGES} * {a_tile} + (kt % {STAGES}) * {b_tile};
 #pragma unroll
         for (int kk = 0; kk < {BK}; kk += 8) {{
-            unsigned ah[4][4], al[4][4], bh[8][2], bl[8][2];
+            unsigned ah[4][4], al[4][4], bh[{nj}][2], bl[{nj}][2];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {{
 #pragma unroll
@@ -380,10 +428,10 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
                 }}
             }}
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {{
+            for (int j = 0; j < {nj}; ++j) {{
 #pragma unroll
                 for (int q = 0; q < 2; ++q) {{
-                    int c = wn * 64 + j * 8 + g;
+                    int c = wn * {wide} + j * 8 + g;
                     int kq = kk + t + q * 4;
                     {name}_split({b_at}, bh[j][q], bl[j][q]);
                 }}
@@ -391,7 +439,7 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {{
+                for (int j = 0; j < {nj}; ++j) {{
                     float p[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
                     {name}_mma(p, al[i], bh[j]);
                     {name}_mma(p, ah[i], bl[j]);
@@ -403,8 +451,210 @@ fn body(name: &str, a: &Operand, b: &Operand) -> String {
     }}
     asm volatile("cp.async.wait_group 0;\n");
 "#,
+        order = tile_order(),
         load_a = load(a, "a", "M", BM, "m0"),
         load_b = load(b, "b", "N", BN, "n0"),
     );
     s
+}
+
+/// Which output tile a block computes (`bz`, `m0`, `n0`): blocks walk
+/// the tiles of each batch in groups of eight tile rows, column by column,
+/// so that neighbouring blocks share operand tiles in L2.
+fn tile_order() -> String {
+    format!(
+        r#"    const int per_batch = TILES_M * TILES_N;
+    const long long bz = blockIdx.x / per_batch;
+    const int local = blockIdx.x % per_batch;
+    const int per_group = 8 * TILES_N;
+    const int first_m = (local / per_group) * 8;
+    const int rows_in_group = min(TILES_M - first_m, 8);
+    const long long m0 = (long long)(first_m + (local % per_group) % rows_in_group) * {BM};
+    const long long n0 = (long long)((local % per_group) / rows_in_group) * {BN};
+"#
+    )
+}
+
+/// The `mma.sync` path's stores: each element of `acc`, through `store`
+/// (`ACC` is the accumulator; `o`, `col` and `q` are in scope).
+fn mma_store(store: &str, warps: Warps) -> String {
+    let nj = warps.frags;
+    let wide = nj * 8;
+    let pair = store_pair(&store.replace("ACC", "acc[i][j][2 * h + q]"));
+    format!(
+        r#"#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < {nj}; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {{
+                long long row = m0 + wm * 64 + i * 16 + g + h * 8;
+                long long col = n0 + wn * {wide} + j * 8 + 2 * t;
+{pair}            }}
+"#
+    )
+}
+
+/// The two adjacent columns (`col`, `col + 1`) of output row `row` that
+/// a thread holds, through `store` (`q` picks the column), each written
+/// where it lies inside the output.
+fn store_pair(store: &str) -> String {
+    format!(
+        r#"            if (row >= M) continue;
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {{
+                if (col + q >= N) continue;
+                long long o = (bz * M + row) * N + col + q;
+                out[o] = {store};
+            }}
+"#
+    )
+}
+
+/// Accumulator registers of one `m64n128k8` product per thread.
+const WG_ACC: u64 = BN / 2;
+
+/// `wgmma` helpers, named after the kernel: the shared-memory matrix
+/// descriptor (128-byte swizzle, 1 KiB between 8-row groups), one
+/// `m64n128k8` TF32 product into 64 registers (`scale` 0 starts the
+/// accumulator afresh), and a compiler fence on those registers.
+fn wgmma_helpers(name: &str) -> String {
+    let regs: Vec<String> = (0..WG_ACC).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..WG_ACC).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let (da, db, sc) = (WG_ACC, WG_ACC + 1, WG_ACC + 2);
+    format!(
+        r#"__device__ __forceinline__ unsigned long long {name}_desc(unsigned addr) {{
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}}
+__device__ __forceinline__ void {name}_wg(float* d, unsigned long long a, unsigned long long b, int scale) {{
+    asm volatile("{{\n.reg .pred p;\nsetp.ne.b32 p, %{sc}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{BN}k8.f32.tf32.tf32 {{{regs}}}, %{da}, %{db}, p, 1, 1;\n}}\n"
+        : {outs}
+        : "l"(a), "l"(b), "r"(scale));
+}}
+__device__ __forceinline__ void {name}_fence(float* d) {{
+#pragma unroll
+    for (int i = 0; i < {WG_ACC}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}}
+"#,
+        regs = regs.join(", "),
+        outs = outs.join(", "),
+    )
+}
+
+/// The `wgmma` path for K-contiguous operands, stores included. A slice
+/// of A (128 rows) and of B (128 columns), 32 deep, is 128 rows of 128
+/// bytes; 16-byte chunk `c` of row `r` lands at chunk `c ^ (r % 8)`, the
+/// swizzle the descriptors name. Per slice: wait for it, write its
+/// remainders, then each warpgroup issues four 8-deep steps of three
+/// products (small·big, big·small, big·big) into a fresh accumulator; the
+/// next slice's remainders are written while they run.
+fn wgmma_body(name: &str, store: &str) -> String {
+    let store = store.replace("ACC", "acc[4 * j + 2 * h + q]");
+    let (stage, a_bytes) = (WG_STAGE, BM * BK * 4);
+    let chunks = BK / 4;
+    format!(
+        r#"    extern __shared__ __align__(16) unsigned char smem[];
+    const unsigned raw_base = (unsigned)__cvta_generic_to_shared(smem);
+    const unsigned base = (raw_base + 1023u) & ~1023u;
+    unsigned char* gbase = smem + (base - raw_base);
+    const unsigned SMALL = base + {STAGES} * {stage};
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wgi = warp >> 2;
+{order}    const float* ab = a + bz * A_BATCH;
+    const float* bb = b + bz * B_BATCH;
+    auto load = [&](int kt) {{
+        if (kt < KTILES) {{
+            const long long k0 = (long long)kt * {BK};
+            const unsigned as = base + (kt % {STAGES}) * {stage}, bs = as + {a_bytes};
+#pragma unroll
+            for (int c = tid; c < {BM} * {chunks}; c += 256) {{
+                int r = c / {chunks}, ch = c % {chunks};
+                bool ok = m0 + r < M && k0 + ch * 4 < K;
+                {name}_cp16s(as + r * {row} + ((ch ^ (r & 7)) << 4), ok ? ab + (m0 + r) * K + k0 + ch * 4 : a, ok);
+            }}
+#pragma unroll
+            for (int c = tid; c < {BN} * {chunks}; c += 256) {{
+                int r = c / {chunks}, ch = c % {chunks};
+                bool ok = n0 + r < N && k0 + ch * 4 < K;
+                {name}_cp16s(bs + r * {row} + ((ch ^ (r & 7)) << 4), ok ? bb + (n0 + r) * K + k0 + ch * 4 : b, ok);
+            }}
+        }}
+        asm volatile("cp.async.commit_group;\n");
+    }};
+    // The TF32 remainders of a raw slice, element by element: the
+    // swizzle is the same in both buffers.
+    auto split = [&](int kt) {{
+        const float4* src = (const float4*)(gbase + (kt % {STAGES}) * {stage});
+        float4* dst = (float4*)(gbase + {STAGES} * {stage} + (kt & 1) * {stage});
+#pragma unroll
+        for (int i = tid; i < {vectors}; i += 256) {{
+            float4 v = src[i];
+            float* e = (float*)&v;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {{
+                float r = e[q] - __uint_as_float(__float_as_uint(e[q]) & 0xffffe000u);
+                unsigned l;
+                asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
+                e[q] = __uint_as_float(l);
+            }}
+            dst[i] = v;
+        }}
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }};
+    float acc[{WG_ACC}], p[{WG_ACC}];
+#pragma unroll
+    for (int i = 0; i < {WG_ACC}; ++i) {{
+        acc[i] = 0.0f;
+        p[i] = 0.0f;
+    }}
+#pragma unroll
+    for (int s = 0; s < {STAGES} - 1; ++s) load(s);
+    asm volatile("cp.async.wait_group %0;\n" :: "n"({STAGES} - 2));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    split(0);
+    __syncthreads();
+    for (int kt = 0; kt < KTILES; ++kt) {{
+        const unsigned ar = base + (kt % {STAGES}) * {stage} + wgi * 64 * {row}, br = base + (kt % {STAGES}) * {stage} + {a_bytes};
+        const unsigned al = SMALL + (kt & 1) * {stage} + wgi * 64 * {row}, bl = SMALL + (kt & 1) * {stage} + {a_bytes};
+        {name}_fence(p);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < {BK} / 8; ++k) {{
+            {name}_wg(p, {name}_desc(al + k * 32), {name}_desc(br + k * 32), k > 0);
+            {name}_wg(p, {name}_desc(ar + k * 32), {name}_desc(bl + k * 32), 1);
+            {name}_wg(p, {name}_desc(ar + k * 32), {name}_desc(br + k * 32), 1);
+        }}
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        {name}_fence(p);
+        load(kt + {STAGES} - 1);
+        if (kt + 1 < KTILES) {{
+            asm volatile("cp.async.wait_group %0;\n" :: "n"({STAGES} - 2));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            split(kt + 1);
+        }}
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        {name}_fence(p);
+#pragma unroll
+        for (int i = 0; i < {WG_ACC}; ++i) acc[i] += p[i];
+        __syncthreads();
+    }}
+    asm volatile("cp.async.wait_group 0;\n");
+    const long long row0 = m0 + wgi * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int j = 0; j < {frags}; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {{
+            long long row = row0 + h * 8;
+            long long col = n0 + j * 8 + 2 * t;
+{pair}        }}
+"#,
+        pair = store_pair(&store),
+        order = tile_order(),
+        row = BK * 4,
+        vectors = stage / 16,
+        frags = BN / 8,
+    )
 }
