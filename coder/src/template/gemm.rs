@@ -266,19 +266,16 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         }
         None => value,
     };
-    let mma_path = |warps: Warps| {
-        let mut s = body(name, &a, &b, warps);
-        s.push_str(&mma_store(&store, warps));
-        s
-    };
+    let mut mma = body(name, &a, &b, warps);
+    mma.push_str(&mma_store(&store, warps));
     if hopper {
         src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
         src.push_str(&wgmma_body(name, &store));
         src.push_str("#else\n");
-        src.push_str(&mma_path(warps));
+        src.push_str(&mma);
         src.push_str("#endif\n");
     } else {
-        src.push_str(&mma_path(warps));
+        src.push_str(&mma);
     }
     src.push_str("}\n");
     let mut inputs = vec![ins[0], ins[1]];
@@ -312,9 +309,6 @@ fn helpers(name: &str) -> String {
     format!(
         r#"__device__ __forceinline__ void {name}_cp16(float* dst, const float* src, bool ok) {{
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 16 : 0));
-}}
-__device__ __forceinline__ void {name}_cp16s(unsigned d, const float* src, bool ok) {{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(d), "l"(src), "r"(ok ? 16 : 0));
 }}
 __device__ __forceinline__ void {name}_split(float x, unsigned& big, unsigned& small) {{
@@ -566,18 +560,19 @@ fn wgmma_body(name: &str, store: &str) -> String {
     auto load = [&](int kt) {{
         if (kt < KTILES) {{
             const long long k0 = (long long)kt * {BK};
-            const unsigned as = base + (kt % {STAGES}) * {stage}, bs = as + {a_bytes};
+            unsigned char* as = gbase + (kt % {STAGES}) * {stage};
+            unsigned char* bs = as + {a_bytes};
 #pragma unroll
             for (int c = tid; c < {BM} * {chunks}; c += 256) {{
                 int r = c / {chunks}, ch = c % {chunks};
                 bool ok = m0 + r < M && k0 + ch * 4 < K;
-                {name}_cp16s(as + r * {row} + ((ch ^ (r & 7)) << 4), ok ? ab + (m0 + r) * K + k0 + ch * 4 : a, ok);
+                {name}_cp16((float*)(as + r * {row} + ((ch ^ (r & 7)) << 4)), ok ? ab + (m0 + r) * K + k0 + ch * 4 : a, ok);
             }}
 #pragma unroll
             for (int c = tid; c < {BN} * {chunks}; c += 256) {{
                 int r = c / {chunks}, ch = c % {chunks};
                 bool ok = n0 + r < N && k0 + ch * 4 < K;
-                {name}_cp16s(bs + r * {row} + ((ch ^ (r & 7)) << 4), ok ? bb + (n0 + r) * K + k0 + ch * 4 : b, ok);
+                {name}_cp16((float*)(bs + r * {row} + ((ch ^ (r & 7)) << 4)), ok ? bb + (n0 + r) * K + k0 + ch * 4 : b, ok);
             }}
         }}
         asm volatile("cp.async.commit_group;\n");
