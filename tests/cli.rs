@@ -315,6 +315,15 @@ fn nvrtc_expected() -> bool {
     std::env::var_os("MTMC_EXPECT_NVRTC").is_some()
 }
 
+/// `mtmc optimize PROBLEM --kernelbench <shared problems> FLAGS… --out OUT`.
+fn optimize_shared(problem: &str, flags: &[&str], out: &std::path::Path) -> common::Run {
+    let kb = shared_jsonl();
+    let mut args = vec!["optimize", problem, "--kernelbench", &kb];
+    args.extend(flags);
+    args.extend(["--out", out.to_str().unwrap()]);
+    mtmc(&args)
+}
+
 #[test]
 fn compile_reports_each_kernel_or_says_nvrtc_is_missing() {
     let dir = tempfile::tempdir().unwrap();
@@ -682,15 +691,7 @@ fn optimize_exports_a_model_new_python_can_parse_for_level_1_and_2_problems() {
     }
     for problem in ["L1/19", "L2/12", "L2/1"] {
         let dir = tempfile::tempdir().unwrap();
-        let out = mtmc(&[
-            "optimize",
-            problem,
-            "--kernelbench",
-            &shared_jsonl(),
-            "--out",
-            dir.path().to_str().unwrap(),
-        ])
-        .success();
+        let out = optimize_shared(problem, &[], dir.path()).success();
         assert!(
             out.stdout
                 .contains("judged by compile only (no GPU: nothing is run or timed)"),
@@ -818,15 +819,7 @@ fn an_op_without_a_family_stays_a_torch_call_beside_the_kernels() {
     }
     let kb = shared_jsonl();
     let dir = tempfile::tempdir().unwrap();
-    let out = mtmc(&[
-        "optimize",
-        "L3/17",
-        "--kernelbench",
-        &kb,
-        "--out",
-        dir.path().to_str().unwrap(),
-    ])
-    .success();
+    let out = optimize_shared("L3/17", &[], dir.path()).success();
     assert!(
         out.stdout
             .contains("L3/17_SqueezeNetFireModule: 3 kernel(s) for 3 op(s), 4 library call(s)")
@@ -863,16 +856,7 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
     };
     let strict = tempfile::tempdir().unwrap();
-    let out = mtmc(&[
-        "optimize",
-        "L2/12",
-        "--kernelbench",
-        &kb,
-        "--strict",
-        "--out",
-        strict.path().to_str().unwrap(),
-    ])
-    .success();
+    let out = optimize_shared("L2/12", &["--strict"], strict.path()).success();
     assert!(
         out.stdout.contains("(strict: every op a kernel)")
             && !out.stdout.contains("library calls in the best program"),
@@ -887,15 +871,7 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
     );
 
     let loose = tempfile::tempdir().unwrap();
-    let out = mtmc(&[
-        "optimize",
-        "L2/12",
-        "--kernelbench",
-        &kb,
-        "--out",
-        loose.path().to_str().unwrap(),
-    ])
-    .success();
+    let out = optimize_shared("L2/12", &[], loose.path()).success();
     assert!(
         out.stdout
             .contains("library calls in the best program (torch, cuBLAS, cuDNN): gemm (matmul"),
@@ -905,16 +881,7 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
     let listed = report(loose.path())["library_calls"].to_string();
     assert!(listed.contains("matmul"), "{listed}");
 
-    let out = mtmc(&[
-        "optimize",
-        "L2/1",
-        "--kernelbench",
-        &kb,
-        "--strict",
-        "--out",
-        strict.path().to_str().unwrap(),
-    ])
-    .failure();
+    let out = optimize_shared("L2/1", &["--strict"], strict.path()).failure();
     assert!(
         out.error
             .contains("strict: the template coder has no family yet for conv")
@@ -997,18 +964,9 @@ fn optimize_writes_triton_kernels_for_problems() {
         ("L1/89", ""),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let out = mtmc(&[
-            "optimize",
-            problem,
-            "--kernelbench",
-            &shared_jsonl(),
-            "--target",
-            "triton",
-            "--out",
-            dir.path().to_str().unwrap(),
-        ])
-        .env("MTMC_PYTHON", &python)
-        .success();
+        let out = optimize_shared(problem, &["--target", "triton"], dir.path())
+            .env("MTMC_PYTHON", &python)
+            .success();
         let file = dir.path().join("model_new.py");
         let code = std::fs::read_to_string(&file).unwrap();
         assert!(!code.contains("import cupy"), "{problem}:\n{code}");
