@@ -137,7 +137,8 @@ enum Command {
     /// Write kernels with the template coder and a small built-in search.
     /// Today: pointwise chains fused into kernels; reductions, softmax,
     /// norms and pooling as kernels of their own; matmuls and convolutions
-    /// as library calls. Launch variants are judged on the GPU (an intent
+    /// as library calls or fp32 GEMM / implicit-GEMM kernels with their
+    /// epilogue fused; attention as a library call. Launch variants are judged on the GPU (an intent
     /// natively, a KernelBench problem as an exported ModelNew by the
     /// worker), or compiled only without a GPU.
     Optimize {

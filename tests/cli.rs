@@ -881,11 +881,18 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
     let listed = report(loose.path())["library_calls"].to_string();
     assert!(listed.contains("matmul"), "{listed}");
 
-    let out = optimize_shared("L2/1", &["--strict"], strict.path()).failure();
+    // A convolution of one group is an implicit-GEMM kernel in strict
+    // mode; a transposed one has no family.
+    let conv = tempfile::tempdir().unwrap();
+    optimize_shared("L2/1", &["--strict"], conv.path()).success();
+    let code = std::fs::read_to_string(conv.path().join("model_new.py")).unwrap();
+    assert!(code.contains("_conv"), "{code}");
+    assert_eq!(report(conv.path())["library_calls"], serde_json::json!([]));
+    let out = optimize_shared("L2/2", &["--strict"], strict.path()).failure();
     assert!(
         out.error
-            .contains("strict: the template coder has no family yet for conv")
-            && out.error.contains("conv2d")
+            .contains("strict: the template coder has no family yet for conv_transpose")
+            && out.error.contains("conv2dᵀ")
             && out.error.contains("without --strict it stays one"),
         "{}",
         out.error
@@ -908,7 +915,7 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
     let out = mtmc(&[
         "bench",
         "L1/19",
-        "L2/1",
+        "L2/2",
         "--kernelbench",
         &kb,
         "--strict",
@@ -918,9 +925,9 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
     .success();
     assert!(
         out.stdout.contains("strict: every op in a custom kernel")
-            && out
-                .stdout
-                .contains("L2/1_Conv2D_ReLU_BiasAdd — not_covered: strict:"),
+            && out.stdout.contains(
+                "L2/2_ConvTranspose2d_BiasAdd_Clamp_Scaling_Clamp_Divide — not_covered: strict:"
+            ),
         "{}",
         out.stdout
     );

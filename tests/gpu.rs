@@ -71,3 +71,49 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
         }
     }
 }
+
+/// The shared KernelBench problems: `MTMC_KERNELBENCH`, else the
+/// `shared/kernelbench` folder beside the checkout.
+fn kernelbench() -> String {
+    std::env::var("MTMC_KERNELBENCH").unwrap_or_else(|_| {
+        format!(
+            "{}/../shared/kernelbench/problems.jsonl",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    })
+}
+
+#[test]
+fn convolutions_become_correct_kernels_where_the_reference_is_exact_float32() {
+    if !gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let problems = kernelbench();
+    let optimize = |problem: &str| {
+        let out = dir.path().join(problem.replace('/', "_"));
+        mtmc(&[
+            "optimize",
+            problem,
+            "--kernelbench",
+            &problems,
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .success()
+        .stdout
+    };
+    // 8 input channels: cuDNN's reference is exact float32, and the
+    // implicit-GEMM kernel with ReLU and HardSwish fused after it is judged
+    // correct by the worker.
+    let s = &optimize("L2/57");
+    assert!(s.contains("block=256 vector=4 gemm: correct"), "{s}");
+    // 64 input channels: the reference's convolution ran on TF32, and
+    // the kernel that cannot meet the tolerance against it is skipped.
+    let s = &optimize("L2/1");
+    assert!(
+        s.contains("gemm: skipped: the reference's convolutions ran on TF32"),
+        "{s}"
+    );
+    assert!(!s.contains("gemm: incorrect"), "{s}");
+}

@@ -6,13 +6,11 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::intent::{Bindings, compile, parse_shapes};
 use mtmc_actions::op::Op;
-use mtmc_coder::MicroCoder;
-use mtmc_coder::action::{Action, ActionKind, Params};
-use mtmc_coder::program::{Fragment, Program};
-use mtmc_coder::template::{Refusal, TemplateCoder};
+use mtmc_coder::program::Fragment;
+use mtmc_coder::template::Refusal;
 
 mod common;
-use common::compiles;
+use common::{compiles, realize_with_rest};
 
 fn graph(src: &str, shapes: &str) -> OpGraph {
     let b = Bindings {
@@ -24,27 +22,7 @@ fn graph(src: &str, shapes: &str) -> OpGraph {
 
 /// The product and every pointwise op after it, as one fused region.
 fn realize(g: &OpGraph) -> Result<Fragment, Refusal> {
-    let product = g
-        .nodes()
-        .find(|(_, n)| matches!(n.op, Op::MatMul(_)))
-        .map(|(id, _)| id)
-        .expect("a matrix product");
-    let mut region = vec![product.index() as u32];
-    region.extend(
-        g.nodes()
-            .filter(|(id, n)| id.index() > product.index() && !n.op.is_source())
-            .map(|(id, _)| id.index() as u32),
-    );
-    let action = Action {
-        kind: if region.len() == 1 {
-            ActionKind::CustomKernel
-        } else {
-            ActionKind::Fuse
-        },
-        region,
-        params: Params::default(),
-    };
-    TemplateCoder.realize(&Program::default(), g, &action)
+    realize_with_rest(g, |op| matches!(op, Op::MatMul(_)))
 }
 
 #[test]

@@ -509,6 +509,7 @@ def build_reference(problem, s, device):
     # The last seed gives the fresh values checked after timing.
     check_seeds = trial_seeds + [s["seed"] + 1]
     ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}}
+    ref["reference_tf32"] = reference_tf32(model, ns, trial_seeds[0], device, s)
     refs, kept = [], "device" if device.type == "cuda" else "host"
     if s["references"] == "recompute":
         kept = "recomputed"
@@ -531,6 +532,31 @@ def build_reference(problem, s, device):
         del inputs, outs
     ref.update(refs=refs, refs_kept=kept)
     return ref
+
+
+def reference_tf32(model, ns, seed, device, s):
+    """Whether the reference's own outputs are TF32-rounded: torch's
+    default switches let cuDNN run float32 convolutions on TF32 tensor
+    cores, and then the outputs of the first check's inputs differ from
+    the same forward with TF32 off by more than KernelBench's 1e-4. An
+    exact float32 candidate cannot meet the tolerance against such a
+    reference; the search uses this to skip the kernels it cannot pass."""
+    t = torch()
+    flags = math_flags()
+    if device.type != "cuda" or not (flags["matmul_tf32"] or flags["cudnn_tf32"]):
+        return False
+    inputs = make_inputs(ns, seed, device, s["inputs"])
+    try:
+        with t.no_grad():
+            rounded = [o.detach() for o in outputs_of(model(*inputs))]
+            set_math_flags({"matmul_tf32": False, "cudnn_tf32": False, "precision": "highest"})
+            exact = [o.detach() for o in outputs_of(model(*inputs))]
+    finally:
+        set_math_flags(flags)
+    return any(
+        a.dtype == t.float32 and a.shape == b.shape and not t.allclose(a, b, atol=1e-4, rtol=1e-4)
+        for a, b in zip(rounded, exact)
+    )
 
 
 def math_flags():
@@ -656,6 +682,8 @@ def evaluate(req):
 
     gpu = (t.cuda.get_device_name(device) if device.type == "cuda" else "cpu") if device is not None else None
     outcome = {"status": "compile_error", "device": gpu, "reference_seconds": reference_seconds}
+    if device is not None:
+        outcome["reference_tf32"] = ref["reference_tf32"]
     filename = f"<mtmc candidate {candidate.get('name', 'candidate')}>"
     start = _clock()
     try:

@@ -300,6 +300,12 @@ pub struct Outcome {
     /// problem's side, zero when cached), `load`, `check`, `timing`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub phases: BTreeMap<String, f64>,
+    /// Whether the problem's reference outputs are TF32-rounded (the
+    /// worker found them more than KernelBench's 1e-4 away from the same
+    /// forward with TF32 off: cuDNN convolutions under torch's default
+    /// switches). An exact float32 kernel cannot meet the tolerance then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reference_tf32: bool,
 }
 
 impl Outcome {
@@ -321,6 +327,7 @@ impl Outcome {
             torch_ops: BTreeMap::new(),
             wall_seconds: 0.0,
             phases: BTreeMap::new(),
+            reference_tf32: false,
         }
     }
 

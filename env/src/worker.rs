@@ -446,6 +446,8 @@ struct Reply {
     check_seconds: Option<f64>,
     #[serde(default)]
     timing_seconds: Option<f64>,
+    #[serde(default)]
+    reference_tf32: bool,
 }
 
 /// A float, or the worker's spelling of a non-finite one (`"inf"`,
@@ -494,6 +496,7 @@ impl Reply {
         }
         o.runtime = self.runtime;
         o.baselines = self.baselines;
+        o.reference_tf32 = self.reference_tf32;
         o.kernels = self.kernels;
         // Triton kernels say their block (num_warps × 32): their occupancy
         // follows from registers and shared memory. cupy's do not (the block

@@ -19,8 +19,8 @@ use mtmc_coder::action::{Action, ActionKind, Params};
 use mtmc_coder::program::Program;
 use mtmc_coder::render::to_cuda_program;
 use mtmc_coder::session::{Failure, Session, Stage};
-use mtmc_coder::template::TemplateCoder;
 use mtmc_coder::template::triton::TritonCoder;
+use mtmc_coder::template::{TemplateCoder, product};
 use mtmc_env::evaluator::{Candidate, CompileOnly, Evaluator, ProblemSource, WorkerSettings};
 use mtmc_env::native::{GraphSource, NativeEvaluator};
 use mtmc_env::nvrtc::Arch;
@@ -81,7 +81,7 @@ pub enum Critic {
 
 /// One program the built-in search builds: launch parameters, whether
 /// pointwise chains are fused in front of the row kernels that read them,
-/// and how matrix products are computed.
+/// and how products (matrix products, convolutions) are computed.
 #[derive(Clone, Copy, Debug)]
 struct Variant {
     params: Params,
@@ -89,7 +89,8 @@ struct Variant {
     gemm: Gemm,
 }
 
-/// How a variant computes matrix products.
+/// How a variant computes products: matrix products, and the
+/// convolutions the convolution family writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Gemm {
     /// Library calls (torch, cuBLAS).
@@ -127,7 +128,7 @@ const VARIANTS: [Variant; 5] = [
 /// every variant. Without regions (`no_regions`: nothing but products
 /// for kernels) launch parameters change nothing: one variant each.
 fn variants_for(g: &OpGraph, target: Target, library: bool, no_regions: bool) -> Vec<Variant> {
-    let products = g.nodes().any(|(_, n)| matches!(n.op, Op::MatMul(_)));
+    let products = g.nodes().any(|(_, n)| product(&n.op));
     let mut v = if no_regions {
         VARIANTS[..1].to_vec()
     } else {
@@ -431,9 +432,10 @@ pub fn optimize_problem(
                 .map_or(String::new(), |r| format!("rewritten ({r}) ")),
             regions.len(),
             regions.iter().map(Vec::len).sum::<usize>(),
-            // Strict mode leaves only matrix products, as GEMM kernels.
+            // Strict mode leaves only products, as GEMM or convolution
+            // kernels.
             if strict {
-                "matrix product(s) as GEMM kernels"
+                "product(s) as GEMM or convolution kernels"
             } else {
                 "library call(s)"
             },
@@ -537,14 +539,14 @@ pub fn optimize_problem(
 
 /// Why graph `g` cannot be computed in strict mode (every op a custom
 /// kernel) with `target`'s families, when it cannot: the library ops no
-/// family computes (convolutions, attention; matrix products with Triton)
+/// family computes (transposed or grouped convolutions, attention; matrix
+/// products and convolutions with Triton)
 /// and the ops that stay torch calls ([`torch_only`]).
 fn strict_gap(g: &OpGraph, target: Target) -> Option<String> {
     let gaps: Vec<String> = g
         .nodes()
         .filter(|(id, n)| {
-            (mtmc_coder::export::library_op(&n.op)
-                && (target == Target::Triton || !matches!(n.op, Op::MatMul(_))))
+            (mtmc_coder::export::library_op(&n.op) && (target == Target::Triton || !product(&n.op)))
                 || torch_only(g, *id)
         })
         .map(|(_, n)| format!("{} ({})", n.name, n.op))
@@ -702,6 +704,8 @@ fn search(
     // its other launch variants are skipped; only the variant with the
     // pointwise chains kept apart is still tried, and after that nothing.
     let mut wrong_fused = false;
+    // Whether a judged outcome found the reference TF32-rounded.
+    let mut tf32_reference = false;
     for &Variant { params, fuse, gemm } in variants {
         // The GEMM variant after the library ones computes products anew:
         // it is tried even when those were wrong, and its verdict says
@@ -762,7 +766,15 @@ fn search(
             )?;
             continue;
         }
+        if tf32_reference && has_conv(&program) {
+            writeln!(
+                out,
+                "  {label}: skipped: the reference's convolutions ran on TF32 (torch's default cudnn.allow_tf32), more than 1e-4 from exact float32, and an exact float32 convolution kernel cannot meet the tolerance against them"
+            )?;
+            continue;
+        }
         let o = judge(&program, &label)?;
+        tf32_reference |= o.reference_tf32;
         found.judged += 1;
         found.correct += usize::from(o.status == Status::Correct);
         match (o.status, &o.runtime) {
@@ -1020,23 +1032,32 @@ pub(crate) fn build<C: MicroCoder>(
     Ok((session.good().clone(), refused))
 }
 
-/// Whether a fragment of `program` computes a matrix product (the GEMM
-/// family's kernels are named `k{n}_gemm`).
+/// Whether a fragment of `program` computes a product (the GEMM and
+/// convolution families' kernels are named `k{n}_gemm` and `k{n}_conv`).
 fn has_gemm(program: &Program) -> bool {
-    program.fragments.iter().any(|f| f.name.ends_with("_gemm"))
+    program
+        .fragments
+        .iter()
+        .any(|f| f.name.ends_with("_gemm") || f.name.ends_with("_conv"))
 }
 
-/// Whether the node at `index` is a matrix product.
+/// Whether a fragment of `program` computes a convolution.
+fn has_conv(program: &Program) -> bool {
+    program.fragments.iter().any(|f| f.name.ends_with("_conv"))
+}
+
+/// Whether the node at `index` is a product a template kernel computes
+/// (a matrix product, or a convolution of the convolution family).
 fn is_product(g: &OpGraph, index: u32) -> bool {
-    matches!(g.node(NodeId::new(index as usize)).op, Op::MatMul(_))
+    product(&g.node(NodeId::new(index as usize)).op)
 }
 
-/// `regions` with each matrix product added: at the head of the
-/// pointwise region that alone reads it (its epilogue), else as a region
-/// of its own; in graph order.
+/// `regions` with each product a template kernel computes (matrix product,
+/// convolution) added: at the head of the pointwise region that alone reads
+/// it (its epilogue), else as a region of its own; in graph order.
 fn with_gemms(g: &OpGraph, regions: &[Vec<u32>]) -> Vec<Vec<u32>> {
     let mut out = regions.to_vec();
-    for (id, _) in g.nodes().filter(|(_, n)| matches!(n.op, Op::MatMul(_))) {
+    for (id, _) in g.nodes().filter(|(_, n)| product(&n.op)) {
         let index = id.index() as u32;
         let readers = g.consumers(id);
         let host = out.iter().position(|r| {
@@ -1129,9 +1150,18 @@ pub(crate) fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Ve
         }
         // Join the region of a pointwise producer when this node is its only
         // reader, so that chains fuse and branches stay apart.
+        // A producer read by several pointwise ops (`x * clamp(x + 3)`)
+        // stays inside the newest region with them: no region after it
+        // can hold an input this node reads.
+        let newest = regions.len().checked_sub(1);
         let joined = g.inputs(id).iter().find_map(|t| {
             let r = *region_of.get(&t.node)?;
-            (r != usize::MAX && g.consumers(t.node).len() == 1).then_some(r)
+            let readers = g.consumers(t.node);
+            let all_pointwise = readers
+                .iter()
+                .all(|&c| g.node(c).op.class() == OpClass::Pointwise);
+            (r != usize::MAX && (readers.len() == 1 || (all_pointwise && Some(r) == newest)))
+                .then_some(r)
         });
         let r = joined.unwrap_or_else(|| {
             regions.push(Vec::new());
@@ -1149,7 +1179,7 @@ pub(crate) fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Ve
             String::new()
         };
         bail!(
-            "the template coder has no family yet for {}{more}; today `optimize` covers pointwise chains, reductions, softmax, norms, pooling, scans and losses, with matmuls, convolutions and attention as library calls",
+            "the template coder has no family yet for {}{more}; today `optimize` covers pointwise chains, reductions, softmax, norms, pooling, scans and losses, with matmuls and convolutions as library calls or GEMM kernels, and attention as a library call",
             other[..shown].join(", ")
         );
     }

@@ -40,7 +40,7 @@ use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::Op;
 
 use super::Refusal;
-use super::pointwise::{epilogue, shape};
+use super::pointwise::{Epilogue, epilogue, shape};
 use crate::action::Action;
 use crate::program::{Fragment, Lang, Launch};
 
@@ -49,32 +49,47 @@ const BM: u64 = 128;
 /// Output columns per block.
 const BN: u64 = 128;
 /// Depth of one staged slice.
-const BK: u64 = 32;
+pub(super) const BK: u64 = 32;
 /// Slices in flight.
-const STAGES: u64 = 3;
-/// The `mma.sync` body's warp layout.
+pub(super) const STAGES: u64 = 3;
+/// The `mma.sync` body's warp layout: each warp computes 64 rows and
+/// `frags` 8-column fragments of the block's tile.
 #[derive(Clone, Copy)]
-struct Warps {
+pub(super) struct Warps {
     /// Warps across the tile's columns (rows: the rest).
     across: u32,
     /// 8-column fragments per warp.
     frags: u32,
     /// Threads per block.
-    threads: u32,
+    pub(super) threads: u32,
+}
+
+impl Warps {
+    /// A layout of `across` warps over the columns with `frags` fragments
+    /// each, `threads` threads in all.
+    pub(super) const fn new(across: u32, frags: u32, threads: u32) -> Warps {
+        Warps {
+            across,
+            frags,
+            threads,
+        }
+    }
+
+    /// Output rows per block.
+    pub(super) fn bm(self) -> u64 {
+        u64::from(self.threads / 32 / self.across) * 64
+    }
+
+    /// Output columns per block.
+    pub(super) fn bn(self) -> u64 {
+        u64::from(self.across * self.frags) * 8
+    }
 }
 
 /// Four warps of 64×64: the kernel for operands stored M/N-contiguous.
-const FOUR: Warps = Warps {
-    across: 2,
-    frags: 8,
-    threads: 128,
-};
+const FOUR: Warps = Warps::new(2, 8, 128);
 /// Eight warps of 64×32: the `mma.sync` path of the two-path kernel.
-const EIGHT: Warps = Warps {
-    across: 4,
-    frags: 4,
-    threads: 256,
-};
+const EIGHT: Warps = Warps::new(4, 4, 256);
 /// Bytes of one raw slice in the `wgmma` path (A and B, 128 rows of 128
 /// bytes each).
 const WG_STAGE: u64 = (BM + BN) * BK * 4;
@@ -83,16 +98,16 @@ const WG_STAGE: u64 = (BM + BN) * BK * 4;
 const WG_SHARED: u64 = STAGES * WG_STAGE + 2 * WG_STAGE + 1024;
 
 /// How one operand is laid out in memory.
-struct Operand {
+pub(super) struct Operand {
     /// Contiguous along K (`[rows, K]`), else along its rows (`[K, rows]`).
-    k_contiguous: bool,
+    pub(super) k_contiguous: bool,
     /// Elements between consecutive batches (0: shared by every batch).
-    batch_stride: u64,
+    pub(super) batch_stride: u64,
 }
 
 impl Operand {
     /// Floats of one staged slice of `rows` rows, padded.
-    fn tile(&self, rows: u64) -> u64 {
+    pub(super) fn tile(&self, rows: u64) -> u64 {
         if self.k_contiguous {
             rows * (BK + 4)
         } else {
@@ -181,14 +196,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     {
         return Err(Refusal::new("the bias is not one value per output column"));
     }
-    let mut chain: Vec<NodeId> = region[1..].to_vec();
-    let position = |n: &NodeId| g.order().iter().position(|o| o == n);
-    chain.sort_by_key(position);
-    let epi = if chain.is_empty() {
-        None
-    } else {
-        Some(epilogue(g, &chain, out, name)?)
-    };
+    let fused = Fused::new(g, &region, bias, name)?;
 
     // Both operands K-contiguous: `wgmma` where the target has it.
     let hopper = a.k_contiguous && b.k_contiguous;
@@ -203,38 +211,16 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src,
         "// {name}: fp32 GEMM ({batch}x) {rows}x{n}x{k} on the tensor cores (3xTF32{}){}",
         if hopper { "; wgmma on sm_90a" } else { "" },
-        if chain.is_empty() {
-            String::new()
-        } else {
-            format!(", {} pointwise op(s) fused after it", chain.len())
-        }
+        fused.chained()
     );
-    if let Some(e) = &epi {
-        src.push_str(&e.source);
-    }
+    src.push_str(fused.epilogue_source());
     src.push_str(&helpers(name));
     if hopper {
         src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
         src.push_str(&wgmma_helpers(name));
         src.push_str("#endif\n");
     }
-    let mut params = vec![
-        "const float* __restrict__ a".to_string(),
-        "const float* __restrict__ b".to_string(),
-    ];
-    if bias.is_some() {
-        params.push("const float* __restrict__ bias".into());
-    }
-    let epi_inputs = epi.as_ref().map_or(&[][..], |e| &e.inputs[..]);
-    for k in 0..epi_inputs.len() {
-        params.push(format!("const float* __restrict__ pe{k}"));
-    }
-    params.push("float* __restrict__ out".into());
-    let _ = writeln!(
-        src,
-        "extern \"C\" __global__ void __launch_bounds__({threads}, 1) {name}({}) {{",
-        params.join(", ")
-    );
+    src.push_str(&fused.signature(name, threads));
     let _ = writeln!(
         src,
         "    const long long M = {rows}LL, N = {n}LL, K = {k}LL;"
@@ -251,23 +237,14 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         n.div_ceil(BN),
         k.div_ceil(BK)
     );
-    // The epilogue: bias, then the fused chain, at each element's flat
-    // offset in the output.
-    let mut value = "ACC".to_string();
-    if bias.is_some() {
-        value = format!("({value} + bias[col + q])");
-    }
-    let store = match &epi {
-        Some(_) => {
-            let args: Vec<String> = (0..epi_inputs.len()).map(|k| format!("pe{k}")).collect();
-            let mut call = vec!["o".to_string(), value];
-            call.extend(args);
-            format!("{name}_e({})", call.join(", "))
-        }
-        None => value,
-    };
-    let mut mma = body(name, &a, &b, warps);
-    mma.push_str(&mma_store(&store, warps));
+    let store = fused.store(name);
+    let (bm, bn) = (warps.bm(), warps.bn());
+    let loads = (
+        copy16(name, &a, "a", "M", bm, "m0", threads),
+        copy16(name, &b, "b", "N", bn, "n0", threads),
+    );
+    let mut mma = body(name, &a, &b, warps, "", (&loads.0, &loads.1));
+    mma.push_str(&mma_store(&store, warps, ROW_MAJOR));
     if hopper {
         src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
         src.push_str(&wgmma_body(name, &store));
@@ -278,34 +255,148 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str(&mma);
     }
     src.push_str("}\n");
-    let mut inputs = vec![ins[0], ins[1]];
-    inputs.extend(bias);
-    inputs.extend(epi_inputs);
-    let output = epi.as_ref().map_or(out, |e| e.output);
-    let mut covered = vec![mm];
-    covered.extend(&chain);
-    Ok(Fragment {
-        name: name.to_string(),
-        action: action.clone(),
-        lang: Lang::Cuda,
-        source: src,
-        inputs,
-        outputs: vec![output],
-        region: covered,
-        launch: Launch {
-            grid: u32::try_from(blocks).expect("checked above"),
-            block: threads,
-            sizes: Vec::new(),
-            shared: u32::try_from(shared).expect("a few hundred kB"),
-        },
-        before: Vec::new(),
-    })
+    Ok(fused.fragment(name, action, src, blocks, threads, shared))
+}
+
+/// What a product kernel (a GEMM, an implicit-GEMM convolution) computes
+/// besides the product: its bias and the pointwise chain fused after it.
+pub(super) struct Fused {
+    /// The product's node and its operands (A, B).
+    node: NodeId,
+    operands: [TensorRef; 2],
+    bias: Option<TensorRef>,
+    /// The chain after the product, in graph order, and its epilogue.
+    chain: Vec<NodeId>,
+    epi: Option<Epilogue>,
+    /// The product's own result.
+    out: TensorRef,
+}
+
+impl Fused {
+    /// The product `region[0]` (with `bias`, one value per output column)
+    /// and the chain of the rest of `region` fused after it.
+    pub(super) fn new(
+        g: &OpGraph,
+        region: &[NodeId],
+        bias: Option<TensorRef>,
+        name: &str,
+    ) -> Result<Fused, Refusal> {
+        let node = region[0];
+        let ins = g.inputs(node);
+        let out = TensorRef::first(node);
+        let mut chain: Vec<NodeId> = region[1..].to_vec();
+        let position = |n: &NodeId| g.order().iter().position(|o| o == n);
+        chain.sort_by_key(position);
+        let epi = if chain.is_empty() {
+            None
+        } else {
+            Some(epilogue(g, &chain, out, name)?)
+        };
+        Ok(Fused {
+            node,
+            operands: [ins[0], ins[1]],
+            bias,
+            chain,
+            epi,
+            out,
+        })
+    }
+
+    /// ", N pointwise op(s) fused after it" for the kernel's comment.
+    pub(super) fn chained(&self) -> String {
+        if self.chain.is_empty() {
+            String::new()
+        } else {
+            format!(", {} pointwise op(s) fused after it", self.chain.len())
+        }
+    }
+
+    /// The epilogue's device function, if any.
+    pub(super) fn epilogue_source(&self) -> &str {
+        self.epi.as_ref().map_or("", |e| &e.source)
+    }
+
+    fn epi_inputs(&self) -> &[TensorRef] {
+        self.epi.as_ref().map_or(&[][..], |e| &e.inputs[..])
+    }
+
+    /// The kernel's signature line: `a`, `b`, the bias, the chain's other
+    /// inputs (`pe0`, …) and `out`.
+    pub(super) fn signature(&self, name: &str, threads: u32) -> String {
+        let mut params = vec![
+            "const float* __restrict__ a".to_string(),
+            "const float* __restrict__ b".to_string(),
+        ];
+        if self.bias.is_some() {
+            params.push("const float* __restrict__ bias".into());
+        }
+        for k in 0..self.epi_inputs().len() {
+            params.push(format!("const float* __restrict__ pe{k}"));
+        }
+        params.push("float* __restrict__ out".into());
+        format!(
+            "extern \"C\" __global__ void __launch_bounds__({threads}, 1) {name}({}) {{\n",
+            params.join(", ")
+        )
+    }
+
+    /// The value stored at output offset `o` from the accumulator `ACC`
+    /// of column `col + q`: the bias, then the fused chain.
+    pub(super) fn store(&self, name: &str) -> String {
+        let mut value = "ACC".to_string();
+        if self.bias.is_some() {
+            value = format!("({value} + bias[col + q])");
+        }
+        match &self.epi {
+            Some(e) => {
+                let mut call = vec!["o".to_string(), value];
+                call.extend((0..e.inputs.len()).map(|k| format!("pe{k}")));
+                format!("{name}_e({})", call.join(", "))
+            }
+            None => value,
+        }
+    }
+
+    /// The fragment of kernel `name` with source `src`, launched on
+    /// `blocks` blocks of `threads` threads with `shared` bytes.
+    pub(super) fn fragment(
+        self,
+        name: &str,
+        action: &Action,
+        source: String,
+        blocks: u64,
+        threads: u32,
+        shared: u64,
+    ) -> Fragment {
+        let mut inputs = self.operands.to_vec();
+        inputs.extend(self.bias);
+        inputs.extend(self.epi_inputs());
+        let output = self.epi.as_ref().map_or(self.out, |e| e.output);
+        let mut region = vec![self.node];
+        region.extend(&self.chain);
+        Fragment {
+            name: name.to_string(),
+            action: action.clone(),
+            lang: Lang::Cuda,
+            source,
+            inputs,
+            outputs: vec![output],
+            region,
+            launch: Launch {
+                grid: u32::try_from(blocks).expect("checked by the caller"),
+                block: threads,
+                sizes: Vec::new(),
+                shared: u32::try_from(shared).expect("a few hundred kB"),
+            },
+            before: Vec::new(),
+        }
+    }
 }
 
 /// Device helpers, named after the kernel: shared-memory address,
 /// asynchronous 16-byte copy (zero-filled where `ok` is false), the TF32
 /// split, and one `m16n8k8` product.
-fn helpers(name: &str) -> String {
+pub(super) fn helpers(name: &str) -> String {
     format!(
         r#"__device__ __forceinline__ void {name}_cp16(float* dst, const float* src, bool ok) {{
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -330,55 +421,77 @@ __device__ __forceinline__ void {name}_mma(float* d, const unsigned* a, const un
     )
 }
 
-/// The staged `mma.sync` main loop, leaving `acc[4][frags][4]` (this
-/// thread's part of the warp's 64-row tile), `m0`, `n0`, `bz`, `wm`, `wn`,
-/// `g` and `t` in scope.
-fn body(name: &str, a: &Operand, b: &Operand, warps: Warps) -> String {
-    let Warps {
-        across,
-        frags: nj,
-        threads,
-    } = warps;
-    let wide = nj * 8;
-    let mut s = String::new();
-    let (a_tile, b_tile) = (a.tile(BM), b.tile(BN));
-    // Fragment reads: (row, k) of A's slice and (column, k) of B's.
-    let a_at = if a.k_contiguous {
-        format!("as[(r) * {} + (kq)]", BK + 4)
-    } else {
-        format!("as[(kq) * {} + (r)]", BM + 8)
-    };
-    let b_at = if b.k_contiguous {
-        format!("bs[(c) * {} + (kq)]", BK + 4)
-    } else {
-        format!("bs[(kq) * {} + (c)]", BN + 8)
-    };
-    let load = |operand: &Operand, p: &str, extent: &str, rows: u64, base: &str| {
-        if operand.k_contiguous {
-            format!(
-                r#"        for (int c = tid; c < {chunks}; c += {threads}) {{
+/// The 16-byte copies of one operand's slice (`rows` rows of the tile
+/// starting at `base`, of `extent`) into its staged buffer `{p}s`, at
+/// `threads` threads: the A or B load of [`body`].
+pub(super) fn copy16(
+    name: &str,
+    operand: &Operand,
+    p: &str,
+    extent: &str,
+    rows: u64,
+    base: &str,
+    threads: u32,
+) -> String {
+    if operand.k_contiguous {
+        format!(
+            r#"        for (int c = tid; c < {chunks}; c += {threads}) {{
             int r = c / {per}, kc = (c % {per}) * 4;
             bool ok = {base} + r < {extent} && k0 + kc < K;
             {name}_cp16(&{p}s[r * {pad} + kc], ok ? {p} + {p}_off + ({base} + r) * K + k0 + kc : {p}, ok);
         }}
 "#,
-                chunks = rows * BK / 4,
-                per = BK / 4,
-                pad = BK + 4,
-            )
-        } else {
-            format!(
-                r#"        for (int c = tid; c < {chunks}; c += {threads}) {{
+            chunks = rows * BK / 4,
+            per = BK / 4,
+            pad = BK + 4,
+        )
+    } else {
+        format!(
+            r#"        for (int c = tid; c < {chunks}; c += {threads}) {{
             int r = c / {per}, mc = (c % {per}) * 4;
             bool ok = k0 + r < K && {base} + mc < {extent};
             {name}_cp16(&{p}s[r * {pad} + mc], ok ? {p} + {p}_off + (k0 + r) * {extent} + {base} + mc : {p}, ok);
         }}
 "#,
-                chunks = rows * BK / 4,
-                per = rows / 4,
-                pad = rows + 8,
-            )
-        }
+            chunks = rows * BK / 4,
+            per = rows / 4,
+            pad = rows + 8,
+        )
+    }
+}
+
+/// The staged `mma.sync` main loop, leaving `acc[4][frags][4]` (this
+/// thread's part of the warp's 64-row tile), `m0`, `n0`, `bz`, `wm`, `wn`,
+/// `g` and `t` in scope. `loads` fill the staged slices `as` and `bs` of
+/// A and B at depth `k0` (see [`copy16`]); `setup` runs once before the
+/// first load.
+pub(super) fn body(
+    name: &str,
+    a: &Operand,
+    b: &Operand,
+    warps: Warps,
+    setup: &str,
+    loads: (&str, &str),
+) -> String {
+    let Warps {
+        across,
+        frags: nj,
+        threads: _,
+    } = warps;
+    let (bm, bn) = (warps.bm(), warps.bn());
+    let wide = nj * 8;
+    let mut s = String::new();
+    let (a_tile, b_tile) = (a.tile(bm), b.tile(bn));
+    // Fragment reads: (row, k) of A's slice and (column, k) of B's.
+    let a_at = if a.k_contiguous {
+        format!("as[(r) * {} + (kq)]", BK + 4)
+    } else {
+        format!("as[(kq) * {} + (r)]", bm + 8)
+    };
+    let b_at = if b.k_contiguous {
+        format!("bs[(c) * {} + (kq)]", BK + 4)
+    } else {
+        format!("bs[(kq) * {} + (c)]", bn + 8)
     };
     let _ = write!(
         s,
@@ -386,7 +499,7 @@ fn body(name: &str, a: &Operand, b: &Operand, warps: Warps) -> String {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wm = warp / {across}, wn = warp % {across};
 {order}    const long long a_off = bz * A_BATCH, b_off = bz * B_BATCH;
-    auto load = [&](int kt) {{
+{setup}    auto load = [&](int kt) {{
         if (kt < KTILES) {{
         const long long k0 = (long long)kt * {BK};
         float* as = smem + (kt % {STAGES}) * {a_tile};
@@ -411,6 +524,8 @@ fn body(name: &str, a: &Operand, b: &Operand, warps: Warps) -> String {
         const float* bs = smem + {STAGES} * {a_tile} + (kt % {STAGES}) * {b_tile};
 #pragma unroll
         for (int kk = 0; kk < {BK}; kk += 8) {{
+            // The last slice of a K that is not a multiple of 32.
+            if (kt * {BK} + kk >= K) break;
             unsigned ah[4][4], al[4][4], bh[{nj}][2], bl[{nj}][2];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {{
@@ -445,9 +560,9 @@ fn body(name: &str, a: &Operand, b: &Operand, warps: Warps) -> String {
     }}
     asm volatile("cp.async.wait_group 0;\n");
 "#,
-        order = tile_order(),
-        load_a = load(a, "a", "M", BM, "m0"),
-        load_b = load(b, "b", "N", BN, "n0"),
+        order = tile_order(bm, bn),
+        load_a = loads.0,
+        load_b = loads.1,
     );
     s
 }
@@ -455,7 +570,7 @@ fn body(name: &str, a: &Operand, b: &Operand, warps: Warps) -> String {
 /// Which output tile a block computes (`bz`, `m0`, `n0`): blocks walk
 /// the tiles of each batch in groups of eight tile rows, column by column,
 /// so that neighbouring blocks share operand tiles in L2.
-fn tile_order() -> String {
+pub(super) fn tile_order(bm: u64, bn: u64) -> String {
     format!(
         r#"    const int per_batch = TILES_M * TILES_N;
     const long long bz = blockIdx.x / per_batch;
@@ -463,18 +578,23 @@ fn tile_order() -> String {
     const int per_group = 8 * TILES_N;
     const int first_m = (local / per_group) * 8;
     const int rows_in_group = min(TILES_M - first_m, 8);
-    const long long m0 = (long long)(first_m + (local % per_group) % rows_in_group) * {BM};
-    const long long n0 = (long long)((local % per_group) / rows_in_group) * {BN};
+    const long long m0 = (long long)(first_m + (local % per_group) % rows_in_group) * {bm};
+    const long long n0 = (long long)((local % per_group) / rows_in_group) * {bn};
 "#
     )
 }
 
+/// The row-major output offset of element (`row`, `col + q`) of batch
+/// `bz`.
+pub(super) const ROW_MAJOR: &str = "(bz * M + row) * N + col + q";
+
 /// The `mma.sync` path's stores: each element of `acc`, through `store`
-/// (`ACC` is the accumulator; `o`, `col` and `q` are in scope).
-fn mma_store(store: &str, warps: Warps) -> String {
+/// (`ACC` is the accumulator; `o`, `col` and `q` are in scope) at output
+/// offset `offset` (of `row`, `col` and `q`).
+pub(super) fn mma_store(store: &str, warps: Warps, offset: &str) -> String {
     let nj = warps.frags;
     let wide = nj * 8;
-    let pair = store_pair(&store.replace("ACC", "acc[i][j][2 * h + q]"));
+    let pair = store_pair(&store.replace("ACC", "acc[i][j][2 * h + q]"), offset);
     format!(
         r#"#pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -491,14 +611,14 @@ fn mma_store(store: &str, warps: Warps) -> String {
 
 /// The two adjacent columns (`col`, `col + 1`) of output row `row` that
 /// a thread holds, through `store` (`q` picks the column), each written
-/// where it lies inside the output.
-fn store_pair(store: &str) -> String {
+/// where it lies inside the output, at offset `offset`.
+fn store_pair(store: &str, offset: &str) -> String {
     format!(
         r#"            if (row >= M) continue;
 #pragma unroll
             for (int q = 0; q < 2; ++q) {{
                 if (col + q >= N) continue;
-                long long o = (bz * M + row) * N + col + q;
+                long long o = {offset};
                 out[o] = {store};
             }}
 "#
@@ -646,8 +766,8 @@ fn wgmma_body(name: &str, store: &str) -> String {
             long long col = n0 + j * 8 + 2 * t;
 {pair}        }}
 "#,
-        pair = store_pair(&store),
-        order = tile_order(),
+        pair = store_pair(&store, ROW_MAJOR),
+        order = tile_order(BM, BN),
         row = BK * 4,
         vectors = stage / 16,
         frags = BN / 8,

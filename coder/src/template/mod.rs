@@ -6,8 +6,8 @@
 //! batch norm; max and average pooling (1–3-d, and global); cumulative
 //! sums and products, forward or reverse; losses (mse, huber, smooth L1,
 //! cross-entropy, triplet margin) reduced to their mean or sum; fp32
-//! matrix products on the tensor cores (3xTF32) with a pointwise chain
-//! fused after them. Each family refuses,
+//! matrix products and convolutions (implicit GEMMs) on the tensor cores
+//! (3xTF32) with a pointwise chain fused after them. Each family refuses,
 //! with the reason, what it cannot write.
 //!
 //! Triton (`triton::TritonCoder`): pointwise chains, row reductions,
@@ -15,6 +15,14 @@
 
 pub(crate) use pointwise::boundary;
 
+/// Whether a template family computes `op` as a product with a pointwise
+/// chain fused after it (an fp32 GEMM or an implicit-GEMM convolution),
+/// the alternative to its library call.
+pub fn product(op: &mtmc_actions::op::Op) -> bool {
+    matches!(op, mtmc_actions::op::Op::MatMul(_)) || conv::computes(op)
+}
+
+mod conv;
 mod gemm;
 mod loss;
 mod pointwise;
@@ -225,8 +233,14 @@ impl MicroCoder for TemplateCoder {
             .nodes()
             .first()
             .is_some_and(|&n| matches!(g.node(n).op, Op::MatMul(_)));
+        let conv = action
+            .nodes()
+            .first()
+            .is_some_and(|&n| matches!(g.node(n).op, Op::Conv(_)));
         let family = if gemm {
             "gemm"
+        } else if conv {
+            "conv"
         } else if rows || norm {
             "rows"
         } else if pool {
@@ -260,6 +274,8 @@ impl MicroCoder for TemplateCoder {
                 };
                 if gemm {
                     gemm::generate(g, action, &name)
+                } else if conv {
+                    conv::generate(g, action, &name)
                 } else if pool {
                     pool::generate(g, action, &name)
                 } else if scan {

@@ -39,6 +39,33 @@ pub fn realize_first(g: &OpGraph, is: impl Fn(&Op) -> bool) -> Result<Fragment, 
     TemplateCoder.realize(&Program::default(), g, &action)
 }
 
+/// The first node whose op `is`, and every non-source op after it, as
+/// one region (a custom kernel when that is the node alone).
+#[allow(dead_code)]
+pub fn realize_with_rest(g: &OpGraph, is: impl Fn(&Op) -> bool) -> Result<Fragment, Refusal> {
+    let first = g
+        .nodes()
+        .find(|(_, n)| is(&n.op))
+        .map(|(id, _)| id)
+        .expect("the graph has such a node");
+    let mut region = vec![first.index() as u32];
+    region.extend(
+        g.nodes()
+            .filter(|(id, n)| id.index() > first.index() && !n.op.is_source())
+            .map(|(id, _)| id.index() as u32),
+    );
+    let action = Action {
+        kind: if region.len() == 1 {
+            ActionKind::CustomKernel
+        } else {
+            ActionKind::Fuse
+        },
+        region,
+        params: Params::default(),
+    };
+    TemplateCoder.realize(&Program::default(), g, &action)
+}
+
 /// Asserts that the fragment compiles with NVRTC for sm_90.
 #[allow(dead_code)]
 #[track_caller]
