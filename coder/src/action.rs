@@ -68,6 +68,20 @@ pub struct Action {
 }
 
 impl Action {
+    /// The operator-level action that writes `region` as one kernel: a
+    /// custom kernel for one node, a fusion for several.
+    pub fn kernel_for(region: Vec<u32>, params: Params) -> Action {
+        Action {
+            kind: if region.len() == 1 {
+                ActionKind::CustomKernel
+            } else {
+                ActionKind::Fuse
+            },
+            region,
+            params,
+        }
+    }
+
     /// The region's nodes.
     pub fn nodes(&self) -> Vec<NodeId> {
         self.region

@@ -216,15 +216,7 @@ fn plan(g: &OpGraph) -> Vec<Vec<u32>> {
 fn build(g: &OpGraph, python: &str, params: Params) -> Program {
     let mut s = Session::new(g, TritonCoder, Arch::SM90).with_python(python);
     for region in plan(g) {
-        let action = Action {
-            kind: if region.len() == 1 {
-                ActionKind::CustomKernel
-            } else {
-                ActionKind::Fuse
-            },
-            region,
-            params,
-        };
+        let action = Action::kernel_for(region, params);
         match s.propose(&action) {
             Ok(p) => s.accept(p),
             Err(f) => panic!("{:?} failed at {:?}: {}", action, f.stage, f.log),

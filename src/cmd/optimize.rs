@@ -965,23 +965,16 @@ pub(crate) fn build<C: MicroCoder>(
     let mut session = Session::new(g, coder, Arch::SM90);
     let action = |region: &[u32]| {
         let row = region.last().is_some_and(|&n| row_op(g, n));
-        Action {
-            kind: if region.len() == 1 {
-                ActionKind::CustomKernel
-            } else {
-                ActionKind::Fuse
-            },
-            region: region.to_vec(),
-            // Row kernels read one element per thread per trip.
-            params: if row {
-                Params {
-                    vector: 1,
-                    ..params
-                }
-            } else {
-                params
-            },
-        }
+        // Row kernels read one element per thread per trip.
+        let params = if row {
+            Params {
+                vector: 1,
+                ..params
+            }
+        } else {
+            params
+        };
+        Action::kernel_for(region.to_vec(), params)
     };
     let mut k = 0;
     while k < regions.len() {
@@ -1286,15 +1279,7 @@ fn llm_search(
     let mut found = Found::default();
     let mut step = 0;
     'regions: for region in regions {
-        let mut action = Action {
-            kind: if region.len() == 1 {
-                ActionKind::CustomKernel
-            } else {
-                ActionKind::Fuse
-            },
-            region: region.clone(),
-            params: Params::default(),
-        };
+        let mut action = Action::kernel_for(region.clone(), Params::default());
         let mut repairs = llm.repairs;
         loop {
             step += 1;

@@ -19,12 +19,13 @@
 
 use std::fmt::Write as _;
 
-use mtmc_actions::dtype::DType;
 use mtmc_actions::graph::{OpGraph, TensorRef};
 use mtmc_actions::op::{Conv, Op};
 
 use super::Refusal;
-use super::gemm::{BK, Fused, Operand, STAGES, Warps, body, copy16, helpers, mma_store};
+use super::gemm::{
+    BK, Fused, Operand, STAGES, Warps, body, copy16, float32_only, helpers, mma_store,
+};
 use super::pointwise::shape;
 use crate::action::Action;
 use crate::program::Fragment;
@@ -72,14 +73,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     let ins = g.inputs(node);
     let out = TensorRef::first(node);
-    for &t in ins.iter().chain([&out]) {
-        if g.tensor(t).dtype != DType::F32 {
-            return Err(Refusal::new(format!(
-                "`{}` is not float32; the convolution template is fp32 only",
-                g.node(t.node).name
-            )));
-        }
-    }
+    float32_only(g, node, "convolution")?;
     let (sx, sw, so) = (shape(g, ins[0]), shape(g, ins[1]), shape(g, out));
     let dims = conv.spatial;
     if sx.len() != dims + 2 || sw.len() != dims + 2 || so.len() != dims + 2 {
@@ -94,13 +88,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             "the convolution has 2^31 output positions or reduction steps or more",
         ));
     }
-    let bias = conv.bias.then(|| ins[2]);
-    if let Some(t) = bias
-        && shape(g, t) != [n]
-    {
-        return Err(Refusal::new("the bias is not one value per output channel"));
-    }
-    let fused = Fused::new(g, &region, bias, name)?;
+    // Output channels are the GEMM's columns.
+    let fused = Fused::new(g, &region, conv.bias, n, name)?;
 
     let warps = warps_for(n);
     let (bm, bn) = (warps.bm(), warps.bn());

@@ -126,14 +126,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     };
     let ins = g.inputs(mm);
     let out = TensorRef::first(mm);
-    for &t in ins.iter().chain([&out]) {
-        if g.tensor(t).dtype != DType::F32 {
-            return Err(Refusal::new(format!(
-                "`{}` is not float32; the GEMM template is fp32 only",
-                g.node(t.node).name
-            )));
-        }
-    }
+    float32_only(g, mm, "GEMM")?;
     let (sa, sb, so) = (shape(g, ins[0]), shape(g, ins[1]), shape(g, out));
     if sa.len() < 2 || sb.len() < 2 || so.len() < 2 {
         return Err(Refusal::new(
@@ -190,13 +183,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             "{blocks} output tiles of {BM}x{BN} over K = {k} leave most SMs idle; a GEMM split over K is not written yet"
         )));
     }
-    let bias = m.bias.then(|| ins[2]);
-    if let Some(t) = bias
-        && shape(g, t) != [n]
-    {
-        return Err(Refusal::new("the bias is not one value per output column"));
-    }
-    let fused = Fused::new(g, &region, bias, name)?;
+    let fused = Fused::new(g, &region, m.bias, n, name)?;
 
     // Both operands K-contiguous: `wgmma` where the target has it.
     let hopper = a.k_contiguous && b.k_contiguous;
@@ -272,18 +259,39 @@ pub(super) struct Fused {
     out: TensorRef,
 }
 
+/// Refuses a product whose operands or result are not float32.
+pub(super) fn float32_only(g: &OpGraph, node: NodeId, family: &str) -> Result<(), Refusal> {
+    for t in g.inputs(node).into_iter().chain([TensorRef::first(node)]) {
+        if g.tensor(t).dtype != DType::F32 {
+            return Err(Refusal::new(format!(
+                "`{}` is not float32; the {family} template is fp32 only",
+                g.node(t.node).name
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Fused {
-    /// The product `region[0]` (with `bias`, one value per output column)
-    /// and the chain of the rest of `region` fused after it.
+    /// The product `region[0]` (with its bias, its third input, when
+    /// `bias`: one value per each of the `columns` output columns) and the
+    /// chain of the rest of `region` fused after it.
     pub(super) fn new(
         g: &OpGraph,
         region: &[NodeId],
-        bias: Option<TensorRef>,
+        bias: bool,
+        columns: u64,
         name: &str,
     ) -> Result<Fused, Refusal> {
         let node = region[0];
         let ins = g.inputs(node);
         let out = TensorRef::first(node);
+        let bias = bias.then(|| ins[2]);
+        if let Some(t) = bias
+            && shape(g, t) != [columns]
+        {
+            return Err(Refusal::new("the bias is not one value per output column"));
+        }
         let mut chain: Vec<NodeId> = region[1..].to_vec();
         let position = |n: &NodeId| g.order().iter().position(|o| o == n);
         chain.sort_by_key(position);

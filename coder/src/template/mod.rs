@@ -229,14 +229,10 @@ impl MicroCoder for TemplateCoder {
         let pool = matches!(single, Some(Op::Pool(_) | Op::AdaptivePool(_))) && !rows;
         let scan = matches!(single, Some(Op::Scan(_)));
         let loss = matches!(single, Some(Op::Loss(_)));
-        let gemm = action
-            .nodes()
-            .first()
-            .is_some_and(|&n| matches!(g.node(n).op, Op::MatMul(_)));
-        let conv = action
-            .nodes()
-            .first()
-            .is_some_and(|&n| matches!(g.node(n).op, Op::Conv(_)));
+        // A product family is chosen by the region's first node.
+        let first = action.nodes().first().map(|&n| &g.node(n).op);
+        let gemm = matches!(first, Some(Op::MatMul(_)));
+        let conv = matches!(first, Some(Op::Conv(_)));
         let family = if gemm {
             "gemm"
         } else if conv {

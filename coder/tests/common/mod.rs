@@ -54,15 +54,7 @@ pub fn realize_with_rest(g: &OpGraph, is: impl Fn(&Op) -> bool) -> Result<Fragme
             .filter(|(id, n)| id.index() > first.index() && !n.op.is_source())
             .map(|(id, _)| id.index() as u32),
     );
-    let action = Action {
-        kind: if region.len() == 1 {
-            ActionKind::CustomKernel
-        } else {
-            ActionKind::Fuse
-        },
-        region,
-        params: Params::default(),
-    };
+    let action = Action::kernel_for(region, Params::default());
     TemplateCoder.realize(&Program::default(), g, &action)
 }
 
