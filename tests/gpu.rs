@@ -40,6 +40,10 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
             "x=8x1048576,w=1048576,b=1048576",
         ),
         ("y = sum(x, dim=0)", "x=2048x512"),
+        // Scans of many rows: a warp per row, with 16-byte loads (rows of
+        // 1000) or through the fused chain (rows of 1001).
+        ("y = cumsum(x, dim=1)", "x=2048x1000"),
+        ("y = cumsum(relu(x) * 2.0, dim=1)", "x=2048x1001"),
         ("y = logsumexp(exp(x) + 1.0, dim=1)", "x=512x8192"),
         ("y = relu(x @ w + b)", "x=1024x512,w=512x768,b=768"),
         ("y = x @ w.T", "x=1000x256,w=600x256"),

@@ -178,19 +178,119 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
 
 #[test]
 fn max_and_average_pooling_compile_with_torchs_divisor() {
+    // A thread walks as many outputs' windows together as the vector width
+    // (1, 2 or 4), taps outside the input predicated off; 32-bit indices
+    // (every output here has fewer than 2^30 elements; the case with more
+    // is below).
     for (name, divisor) in [
-        ("41_Max_Pooling_1D", "y[i] = acc;"),
-        ("42_Max_Pooling_2D", "y[i] = acc;"),
-        ("44_Average_Pooling_1D", "/ (float)"),
-        ("45_Average_Pooling_2D", "/ (float)"),
-        ("46_Average_Pooling_3D", "/ (float)"),
+        ("41_Max_Pooling_1D", "y[i] = acc[u];"),
+        ("42_Max_Pooling_2D", "y[i] = acc[u];"),
+        // count_include_pad: the window clipped to the padded input.
+        (
+            "44_Average_Pooling_1D",
+            "y[i] = acc[u] / (float)((e0 - s[u][0]));",
+        ),
+        (
+            "45_Average_Pooling_2D",
+            "y[i] = acc[u] / (float)((e0 - s[u][0]) * (e1 - s[u][1]));",
+        ),
+        (
+            "46_Average_Pooling_3D",
+            "y[i] = acc[u] / (float)((e0 - s[u][0]) * (e1 - s[u][1]) * (e2 - s[u][2]));",
+        ),
     ] {
         let g = traced(1, name);
-        let f =
-            common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Pool(_))).unwrap();
-        assert!(f.name.ends_with("_pool"));
-        compiles(&f, name);
-        assert!(f.source.contains(divisor), "{name}:\n{}", f.source);
+        let node = g
+            .nodes()
+            .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Pool(_)))
+            .unwrap()
+            .0;
+        for vector in [1, 2, 4, 3] {
+            let action = Action {
+                kind: ActionKind::CustomKernel,
+                region: vec![node.index() as u32],
+                params: Params { block: 256, vector },
+            };
+            let f = TemplateCoder.realize(&Program::default(), &g, &action);
+            if vector == 3 {
+                let refusal = f.unwrap_err().to_string();
+                assert!(refusal.contains("1, 2 or 4 outputs"), "{refusal}");
+                continue;
+            }
+            let f = f.unwrap();
+            assert!(f.name.ends_with("_pool"));
+            compiles(&f, &format!("{name} x{vector}"));
+            let live = format!("bool live[{vector}];");
+            for item in [divisor, "int rest = live[u] ? i : 0;", &live] {
+                assert!(f.source.contains(item), "{name}: {item}\n{}", f.source);
+            }
+            // A block's threads take the first output of each of their
+            // groups of `vector`, a block apart.
+            assert_eq!(
+                u64::from(f.launch.grid),
+                (f.launch.sizes[0] as u64)
+                    .div_ceil(256 * u64::from(vector))
+                    .clamp(1, 132 * 8),
+                "{name} x{vector}"
+            );
+        }
+    }
+    // L1/41's dilated taps: 3 apart.
+    let g = traced(1, "41_Max_Pooling_1D");
+    let f = common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Pool(_))).unwrap();
+    assert!(
+        f.source.contains("const int p0 = s[u][0] + k0 * 3;"),
+        "{}",
+        f.source
+    );
+}
+
+#[test]
+fn pooling_with_more_than_2_pow_30_outputs_indexes_in_64_bits() {
+    use mtmc_actions::TensorType;
+    use mtmc_actions::graph::TensorRef;
+    use mtmc_actions::op::{Op, Pool};
+    // A 3x3 max pool, stride 1, padding 1, over 16 x 64 x 1024 x 1100:
+    // 1.15 G outputs.
+    let shape = vec![16, 64, 1024, 1100];
+    let mut g = OpGraph::new();
+    let x = g
+        .add(
+            "x",
+            Op::Input { name: "x".into() },
+            &[],
+            vec![TensorType::new(shape.clone(), DType::F32)],
+        )
+        .unwrap();
+    let pool = Op::Pool(Pool {
+        max: true,
+        spatial: 2,
+        kernel: vec![3, 3],
+        stride: vec![1, 1],
+        padding: vec![1, 1],
+        dilation: vec![1, 1],
+        ceil_mode: false,
+        count_include_pad: true,
+        channels_last: false,
+    });
+    let y = g
+        .add(
+            "pool",
+            pool,
+            &[TensorRef::first(x)],
+            vec![TensorType::new(shape, DType::F32)],
+        )
+        .unwrap();
+    g.set_outputs(vec![TensorRef::first(y)]);
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &last_node(&g))
+        .unwrap();
+    compiles(&f, "wide max pool");
+    for wide in [
+        "long long rest = live[u] ? i : 0;",
+        "const long long count = (long long)n;",
+    ] {
+        assert!(f.source.contains(wide), "{wide}:\n{}", f.source);
     }
 }
 
@@ -206,10 +306,11 @@ fn pooling_moved_to_channels_last_compiles_with_the_channel_innermost() {
         let f =
             common::realize_first(&r, |op| matches!(op, mtmc_actions::op::Op::Pool(_))).unwrap();
         compiles(&f, name);
-        // Neighbouring threads take neighbouring channels.
+        // Neighbouring threads take neighbouring channels; every index
+        // fits 32 bits.
         assert!(f.source.contains("channels-last"), "{name}:\n{}", f.source);
         assert!(
-            f.source.contains("const long long c = rest % 128LL"),
+            f.source.contains("const int c = rest % 128;"),
             "{name}:\n{}",
             f.source
         );
@@ -344,13 +445,26 @@ fn argmax_and_argmin_write_int64_indices_in_both_layouts() {
 #[test]
 fn scans_compile_forward_and_reverse_in_both_layouts() {
     for op in ["cumsum", "cumprod"] {
-        for (dim, layout) in [(2, "rows"), (1, "columns")] {
-            let g = graph(&format!("y = {op}(x, dim={dim})"), "x=16x32x128");
+        // 512 rows: a block per row; 2048 rows: a warp per row, with
+        // 16-byte loads when a row is a whole number of them.
+        for (dim, layout, shape, warp) in [
+            (2, "rows", "16x32x128", None),
+            (1, "columns", "16x32x128", None),
+            (2, "rows", "64x32x128", Some(true)),
+            (2, "rows", "64x32x130", Some(false)),
+        ] {
+            let g = graph(&format!("y = {op}(x, dim={dim})"), &format!("x={shape}"));
             let f = TemplateCoder
                 .realize(&Program::default(), &g, &last_node(&g))
                 .unwrap();
             assert!(f.name.ends_with("_scan"));
-            compiles(&f, &format!("{op} over {layout}"));
+            compiles(&f, &format!("{op} over {layout} of {shape}"));
+            let lanes = f.source.contains("float v[8];");
+            assert_eq!(lanes, warp.is_some(), "{shape}:\n{}", f.source);
+            let quads = f
+                .source
+                .contains("reinterpret_cast<const float4*>(x + xr + j)");
+            assert_eq!(quads, warp == Some(true), "{shape}:\n{}", f.source);
         }
     }
     // KernelBench's reverse cumsum is flip, cumsum, flip: normalized into
@@ -371,11 +485,16 @@ fn scans_compile_forward_and_reverse_in_both_layouts() {
         .realize(&Program::default(), &g, &action)
         .unwrap();
     compiles(&f, "reverse cumsum");
-    assert!(
-        f.source.contains("LOAD_X(xr + (K - 1 - j))"),
-        "{}",
-        f.source
-    );
+    // 32768 rows of 32768: a warp per row, each lane's quads read forward
+    // and walked backwards (or through LOAD_X when a chain is fused in).
+    for walk in [
+        "reinterpret_cast<const float4*>(x + xr + K - 4 - j)",
+        "v[4 * q] = u.w;",
+        "LOAD_X(xr + K - 1 - (j0 + e))",
+        "reinterpret_cast<float4*>(yr + K - 4 - j)",
+    ] {
+        assert!(f.source.contains(walk), "{walk}:\n{}", f.source);
+    }
 }
 
 #[test]

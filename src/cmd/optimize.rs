@@ -941,8 +941,8 @@ fn row_op(g: &OpGraph, index: u32) -> bool {
     )
 }
 
-/// The program with one fragment per region at `params` (row kernels read
-/// one element per thread), or the first failure. With `leave_refused`, a
+/// The program with one fragment per region at `params` (row kernels other
+/// than pooling read one element per thread), or the first failure. With `leave_refused`, a
 /// region the coder refuses stays torch calls (the refusals are returned)
 /// instead of failing the program.
 pub(crate) fn build<C: MicroCoder>(
@@ -964,8 +964,11 @@ pub(crate) fn build<C: MicroCoder>(
     let mut refused = Vec::new();
     let mut session = Session::new(g, coder, Arch::SM90);
     let action = |region: &[u32]| {
-        let row = region.last().is_some_and(|&n| row_op(g, n));
-        // Row kernels read one element per thread per trip.
+        // Row kernels read one element per thread per trip; a pooling's
+        // vector width is the outputs a thread walks together.
+        let row = region.last().is_some_and(|&n| {
+            row_op(g, n) && g.node(NodeId::new(n as usize)).op.class() != OpClass::Pool
+        });
         let params = if row {
             Params {
                 vector: 1,
