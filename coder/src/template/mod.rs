@@ -40,11 +40,14 @@ use crate::program::{Fragment, Program};
 /// Blocks a grid-stride loop is sized for: eight per SM of an H100.
 const WAVES: u64 = 132 * 8;
 
+/// The blocks a row kernel takes: a power of two from 64 to 1024 threads.
+const ROW_BLOCKS: [u32; 5] = [64, 128, 256, 512, 1024];
+
 /// The block size of a kernel that reads one element per thread per trip:
-/// a power of two from 64 to 1024 threads, at vector width 1.
+/// one of [`ROW_BLOCKS`], at vector width 1.
 fn one_per_thread(action: &Action, family: &str) -> Result<u32, Refusal> {
     let block = action.params.block;
-    if ![64, 128, 256, 512, 1024].contains(&block) || action.params.vector != 1 {
+    if !ROW_BLOCKS.contains(&block) || action.params.vector != 1 {
         return Err(Refusal::new(format!(
             "{family} kernels take a block of 64 to 1024 threads (a power of two) and read one element per thread per trip (vector width 1)"
         )));

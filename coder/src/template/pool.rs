@@ -18,7 +18,7 @@ use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{AdaptivePool, Op, Pool};
 
-use super::{Refusal, WAVES, one_node};
+use super::{ROW_BLOCKS, Refusal, WAVES, one_node};
 use crate::action::{Action, Params};
 use crate::program::{Fragment, Launch};
 
@@ -108,7 +108,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         ));
     }
     let Params { block, vector } = action.params;
-    if ![64, 128, 256, 512, 1024].contains(&block) || ![1, 2, 4].contains(&vector) {
+    if !ROW_BLOCKS.contains(&block) || ![1, 2, 4].contains(&vector) {
         return Err(Refusal::new(
             "pooling kernels take a block of 64 to 1024 threads (a power of two) and walk 1, 2 or 4 outputs a thread together (the vector width)",
         ));
