@@ -24,6 +24,11 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
     for (intent, shapes) in [
         ("y = gelu(x * s + b) - 0.5 * x", "x=4096x1024,s=1024,b=1024"),
         ("y = softmax(x, dim=1)", "x=4096x1000"),
+        // The chain after a softmax fused where it writes.
+        (
+            "y = sigmoid(softmax(x, dim=1) + b) * 2.0",
+            "x=4096x1000,b=1000",
+        ),
         // Long rows: a cluster of blocks per row, alone and with a chain
         // fused in front of it.
         ("y = log_softmax(x, dim=1)", "x=64x65536"),
@@ -38,6 +43,17 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
         (
             "y = layer_norm(x, w, b, dim=-1)",
             "x=8x1048576,w=1048576,b=1048576",
+        ),
+        // Short rows held in registers (8 lanes of 8 elements a row, and
+        // a block of 1024 threads of 16), with the chain after the norm
+        // fused where it writes.
+        (
+            "y = gelu(layer_norm(x, w, b, dim=-1)) * 2.0",
+            "x=65536x64,w=64,b=64",
+        ),
+        (
+            "y = relu(rms_norm(x, g, dim=-1)) - 0.5",
+            "x=2048x15876,g=15876",
         ),
         ("y = sum(x, dim=0)", "x=2048x512"),
         // Scans of many rows: a warp per row, with 16-byte loads (rows of

@@ -47,9 +47,15 @@ pub const REWRITES: [Rewrite; 5] = [
 
 /// The graph with every rewrite that applies, and their names.
 pub fn rewrite_all(g: &OpGraph) -> Option<(OpGraph, Vec<&'static str>)> {
+    rewrite_all_but(g, &[])
+}
+
+/// The graph with every rewrite that applies except those named in
+/// `skip`, and their names.
+pub fn rewrite_all_but(g: &OpGraph, skip: &[&str]) -> Option<(OpGraph, Vec<&'static str>)> {
     let mut current = g.clone();
     let mut applied = Vec::new();
-    for (name, rewrite) in REWRITES {
+    for (name, rewrite) in REWRITES.into_iter().filter(|(n, _)| !skip.contains(n)) {
         if let Some(next) = rewrite(&current) {
             current = next;
             applied.push(name);
@@ -418,25 +424,28 @@ pub fn drop_nested_clamps(g: &OpGraph) -> Option<OpGraph> {
 
 /// See the module's documentation. It applies to a convolution with a
 /// bias whose one reader is computed by a kernel (an elementwise op, a
-/// reduction, softmax, a norm or pooling).
+/// reduction, softmax, a norm or pooling), or whose readers are all
+/// elementwise (one fused chain then reads the add).
 pub fn conv_bias_in_epilogue(g: &OpGraph) -> Option<OpGraph> {
     let split: Vec<NodeId> = g
         .nodes()
         .filter(|(id, n)| {
             let Op::Conv(c) = &n.op else { return false };
             let readers = g.consumers(*id);
+            let pointwise = |r: &NodeId| g.node(*r).op.class() == OpClass::Pointwise;
             c.bias
                 && n.outputs.len() == 1
                 && !g.outputs().iter().any(|t| t.node == *id)
-                && readers.len() == 1
-                && matches!(
-                    g.node(readers[0]).op.class(),
-                    OpClass::Pointwise
-                        | OpClass::Reduction
-                        | OpClass::Softmax
-                        | OpClass::Norm
-                        | OpClass::Pool
-                )
+                && ((readers.len() == 1
+                    && matches!(
+                        g.node(readers[0]).op.class(),
+                        OpClass::Pointwise
+                            | OpClass::Reduction
+                            | OpClass::Softmax
+                            | OpClass::Norm
+                            | OpClass::Pool
+                    ))
+                    || (!readers.is_empty() && readers.iter().all(pointwise)))
         })
         .map(|(id, _)| id)
         .collect();

@@ -105,14 +105,31 @@ fn a_chain_with_broadcasting_is_one_kernel_reading_each_input_once() {
     compiles(&f);
     assert_eq!(f.inputs.len(), 4, "x, s, b, c");
     assert_eq!(f.outputs.len(), 1);
-    // s varies along the last dim, c along the first: both coordinates.
+    // s varies along the last dim, c along the first: both coordinates,
+    // in 32-bit arithmetic (every index fits).
     assert!(
-        f.source.contains("long long c0 = (i / 128LL) % 64LL;"),
+        f.source
+            .contains("long long c0 = (long long)((unsigned)(i) / 128u % 64u);"),
         "{}",
         f.source
     );
     assert!(
-        f.source.contains("long long c1 = (i / 1LL) % 128LL;"),
+        f.source
+            .contains("long long c1 = (long long)((unsigned)(i) / 1u % 128u);"),
+        "{}",
+        f.source
+    );
+}
+
+#[test]
+fn coordinates_of_more_than_2_pow_32_elements_take_64_bit_arithmetic() {
+    let g = graph("y = x + b", "x=70000x70000,b=70000");
+    let f = TemplateCoder
+        .realize(&Program::default(), &g, &fuse_all(&g, Params::default()))
+        .unwrap();
+    compiles(&f);
+    assert!(
+        f.source.contains("long long c1 = ((i) / 1LL) % 70000LL;"),
         "{}",
         f.source
     );
@@ -138,14 +155,17 @@ fn float4_with_broadcast_inputs_read_per_lane_or_once() {
     let f = float4("y = x + b", "x=2x3x8x8,b=3x1x1").unwrap();
     compiles(&f);
     let s = &f.source;
-    assert!(s.contains("long long c1 = (i * 4 / 64LL) % 3LL;"), "{s}");
+    assert!(
+        s.contains("long long c1 = (long long)((unsigned)(i * 4) / 64u % 3u);"),
+        "{s}"
+    );
     assert!(s.contains("float v1 = in1[c1];"), "{s}");
     // A bias over the last dim: one load per lane.
     let f = float4("y = x + b", "x=16x6,b=6").unwrap();
     compiles(&f);
     let s = &f.source;
     assert!(
-        s.contains("long long c1_z = ((i * 4 + 2) / 1LL) % 6LL;"),
+        s.contains("long long c1_z = (long long)((unsigned)(i * 4 + 2) / 1u % 6u);"),
         "{s}"
     );
     assert!(s.contains("float v1_w = in1[c1_w];"), "{s}");
@@ -175,7 +195,7 @@ fn float2_reads_two_lanes_a_trip() {
     compiles(&f);
     let s = &f.source;
     assert!(
-        s.contains("long long c1_y = ((i * 2 + 1) / 1LL) % 5LL;"),
+        s.contains("long long c1_y = (long long)((unsigned)(i * 2 + 1) / 1u % 5u);"),
         "{s}"
     );
     assert!(!s.contains("c1_z"), "{s}");

@@ -140,16 +140,30 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
     let cases = [
         // nn.InstanceNorm2d has no scale or shift by default; its rows of
         // 512x512 take a cluster of blocks each, the row in shared memory.
-        (traced(1, "34_InstanceNorm"), "(row_[j] - mean) * rstd;"),
+        (traced(1, "34_InstanceNorm"), "(row_[j] - mean) * rstd);"),
+        // Short rows are read once into registers: 32 lanes of 8 here,
+        // a block of 256 threads of 16 for rows of 4000, and 2 lanes of 7
+        // for rows of 10.
         (
             graph("y = layer_norm(x, w, b, dim=-1)", "x=16x256,w=256,b=256"),
-            "(LOAD_X(xr + k) - mean) * rstd * w[k] + b[k];",
+            "32 thread(s) per row holding 8 elements each in registers",
+        ),
+        (
+            graph(
+                "y = layer_norm(x, w, b, dim=-1)",
+                "x=300x4000,w=4000,b=4000",
+            ),
+            "(v_[j] - mean) * rstd * w[k] + b[k]);",
+        ),
+        (
+            graph("y = layer_norm(x, w, b, dim=-1)", "x=1000x10,w=10,b=10"),
+            "2 thread(s) per row holding 5 elements each in registers",
         ),
         (
             graph("y = rms_norm(x, g, dim=-1)", "x=16x65536,g=65536"),
             "const float mean = 0.0f;",
         ),
-        (traced(1, "35_GroupNorm_"), "(r % 8LL)"),
+        (traced(1, "35_GroupNorm_"), "(unsigned)r % 8u"),
         (traced(1, "40_LayerNorm"), "w[k]"),
         (
             graph("y = rms_norm(x, g, dim=-1)", "x=16x256,g=256"),
@@ -165,8 +179,15 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
             "{channel} missing:\n{}",
             f.source
         );
-        // Rows of 32768 floats and more (that fit) take a cluster.
+        // Rows of 32768 floats and more (that fit) take a cluster; rows
+        // of at most 16384 are held in registers.
         let k = f.launch.sizes[1];
+        assert_eq!(
+            f.source.contains("in registers"),
+            k <= 16384,
+            "K = {k}:\n{}",
+            f.source
+        );
         assert_eq!(
             f.source.contains("__cluster_dims__(8, 1, 1)"),
             (1 << 15..=409_600).contains(&k),
@@ -174,6 +195,94 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
             f.source
         );
     }
+}
+
+#[test]
+fn norms_and_softmax_take_a_chain_in_front_and_one_after_in_one_kernel() {
+    // Rows of 64 in registers, of 4000 a block each, of 65536 a cluster
+    // each, and few groups of a million cut into chunks (two launches);
+    // softmax over short rows (a warp each), long rows (a block each) and
+    // a leading dim (a thread per line): every kernel writes through the
+    // chain fused after it.
+    for (intent, shapes) in [
+        (
+            "y = gelu(softmax(x + c, dim=-1)) * s",
+            "x=512x64,c=64,s=512x1",
+        ),
+        (
+            "y = gelu(log_softmax(x + c, dim=-1)) * s",
+            "x=64x4096,c=4096,s=64x1",
+        ),
+        (
+            "y = gelu(softmax(x + c, dim=0)) * s",
+            "x=64x512,c=512,s=64x1",
+        ),
+        (
+            "y = gelu(layer_norm(x + c, w, b, dim=-1)) * s",
+            "x=512x64,c=64,w=64,b=64,s=512x1",
+        ),
+        (
+            "y = gelu(layer_norm(x + c, w, b, dim=-1)) * s",
+            "x=300x4000,c=4000,w=4000,b=4000,s=300x1",
+        ),
+        (
+            "y = gelu(rms_norm(x + c, w, dim=-1)) * s",
+            "x=64x65536,c=65536,w=65536,s=64x1",
+        ),
+        (
+            "y = gelu(layer_norm(x + c, w, b, dim=-1)) * s",
+            "x=8x1048576,c=1048576,w=1048576,b=1048576,s=8x1",
+        ),
+    ] {
+        let g = graph(intent, shapes);
+        let region: Vec<u32> = g
+            .nodes()
+            .filter(|(_, n)| !n.op.is_source())
+            .map(|(id, _)| id.index() as u32)
+            .collect();
+        let action = Action {
+            kind: ActionKind::Fuse,
+            region: region.clone(),
+            params: Params::default(),
+        };
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f, intent);
+        assert!(f.source.contains("#define MTMC_PROLOGUE"), "{}", f.source);
+        assert!(
+            f.source
+                .contains("#define STORE_Y(i, v) (y[(i)] = k0_rows_e((i), (v), pe0))"),
+            "{}",
+            f.source
+        );
+        // x, c, the scale (and shift), then the chain's s, then y.
+        assert_eq!(f.inputs.last(), Some(&g.inputs(g.outputs()[0].node)[1]));
+        assert_eq!(f.outputs, g.outputs());
+        assert_eq!(f.region.len(), region.len());
+    }
+    // A chain that does not alone read the norm is refused, with why.
+    let g = graph(
+        "n = layer_norm(x, w, b, dim=-1); y = relu(n) + n",
+        "x=512x64,w=64,b=64",
+    );
+    let norm = g
+        .nodes()
+        .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_)))
+        .unwrap()
+        .0;
+    let relu = g.consumers(norm)[0];
+    let action = Action {
+        kind: ActionKind::Fuse,
+        region: vec![norm.index() as u32, relu.index() as u32],
+        params: Params::default(),
+    };
+    let r = TemplateCoder.realize(&Program::default(), &g, &action);
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.0.contains("read outside the chain")),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -321,8 +430,8 @@ fn pooling_moved_to_channels_last_compiles_with_the_channel_innermost() {
 fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
     for (name, layout) in [
         // BatchNorm2d after a convolution, 128 channels of 1 M elements:
-        // split across blocks, a statistics pass first.
-        ("52_Conv2d_Activation_BatchNorm", "k % 15876LL)"),
+        // split across blocks, a statistics pass first; 32-bit indices.
+        ("52_Conv2d_Activation_BatchNorm", "(unsigned)k % 15876u)"),
         // BatchNorm1d after a GEMM: 32 channels a block, warps along rows.
         ("39_Gemm_Scale_BatchNorm", "LOAD_X(r * C + ch)"),
     ] {

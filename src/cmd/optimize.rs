@@ -383,9 +383,19 @@ pub fn optimize_problem(
     let specs = builtin_devices();
     // The graph as traced, then (when a rewrite applies) the rewritten
     // one: each judged against the PyTorch model like any other step.
+    // Channels-last convolutions may run on TF32 where the reference's
+    // NCHW ones did not (or on other TF32 kernels than the reference's),
+    // so the other rewrites are also tried without it.
     let mut graphs: Vec<(OpGraph, Option<String>)> = vec![(g.clone(), None)];
     if let Some((r, applied)) = mtmc_actions::rewrite::rewrite_all(g) {
+        let layout = applied.contains(&"channels_last") && applied.len() > 1;
         graphs.push((r, Some(applied.join(", "))));
+        if layout
+            && let Some((r, applied)) =
+                mtmc_actions::rewrite::rewrite_all_but(g, &["channels_last"])
+        {
+            graphs.push((r, Some(applied.join(", "))));
+        }
     }
     let mut summary = Summary {
         kernels: 0,
@@ -966,9 +976,9 @@ pub(crate) fn build<C: MicroCoder>(
     let action = |region: &[u32]| {
         // Row kernels read one element per thread per trip; a pooling's
         // vector width is the outputs a thread walks together.
-        let row = region.last().is_some_and(|&n| {
-            row_op(g, n) && g.node(NodeId::new(n as usize)).op.class() != OpClass::Pool
-        });
+        let row = region
+            .iter()
+            .any(|&n| row_op(g, n) && g.node(NodeId::new(n as usize)).op.class() != OpClass::Pool);
         let params = if row {
             Params {
                 vector: 1,
@@ -982,17 +992,28 @@ pub(crate) fn build<C: MicroCoder>(
     let mut k = 0;
     while k < regions.len() {
         // A pointwise chain read only by the row kernel after it is fused
-        // in front of it; when that step fails it is rolled back and the
-        // two are written apart.
-        if fuse && let Some(next) = fusable(g, regions, k) {
-            let mut both = regions[k].clone();
-            both.extend(&regions[next]);
-            if let Ok(p) = session.propose(&action(&both)) {
-                session.accept(p);
-                k += 1;
-                if next == k {
-                    k += 1;
+        // in front of it, and one that alone reads a norm or softmax after
+        // it; when that step fails it is rolled back and tried with less
+        // fused, down to the regions written apart.
+        if fuse {
+            let front = fusable(g, regions, k);
+            let back = epilogue_of(g, regions, front.unwrap_or(k));
+            let mut spans = Vec::new();
+            if let (Some(_), Some(end)) = (front, back) {
+                spans.push(end);
+            }
+            spans.extend(front.or(back));
+            let mut fused = false;
+            for end in spans {
+                let span: Vec<u32> = regions[k..=end].concat();
+                if let Ok(p) = session.propose(&action(&span)) {
+                    session.accept(p);
+                    k = end + 1;
+                    fused = true;
+                    break;
                 }
+            }
+            if fused {
                 continue;
             }
         }
@@ -1097,6 +1118,28 @@ fn fusable(g: &OpGraph, regions: &[Vec<u32>], k: usize) -> Option<usize> {
         .first()
         .is_some_and(|t| inside(t.node));
     (readers_ok && feeds).then_some(next)
+}
+
+/// The index of the pointwise region (right after `k`) that alone reads
+/// the single norm or softmax of region `k`, to be fused after it.
+fn epilogue_of(g: &OpGraph, regions: &[Vec<u32>], k: usize) -> Option<usize> {
+    let [norm] = regions[k][..] else {
+        return None;
+    };
+    let id = NodeId::new(norm as usize);
+    if !matches!(g.node(id).op, Op::Norm(_) | Op::Softmax { .. })
+        || g.outputs().iter().any(|t| t.node == id)
+    {
+        return None;
+    }
+    let next = k + 1;
+    let chain = regions.get(next)?;
+    if chain.iter().any(|&n| row_op(g, n) || is_product(g, n)) {
+        return None;
+    }
+    let readers = g.consumers(id);
+    (!readers.is_empty() && readers.iter().all(|c| chain.contains(&(c.index() as u32))))
+        .then_some(next)
 }
 
 pub(crate) fn write(dir: &Path, name: &str, text: &str) -> Result<()> {

@@ -59,6 +59,10 @@ fn one_per_thread(action: &Action, family: &str) -> Result<u32, Refusal> {
 /// in front of it.
 const LOAD_X: &str = "#define LOAD_X(i) (x[(i)])";
 
+/// How a kernel writes element `i` of its result `y` when nothing is
+/// fused after it (norms, softmax).
+const STORE_Y: &str = "#define STORE_Y(i, v) (y[(i)] = (v))";
+
 /// A float literal CUDA reads back exactly (as f32).
 fn lit(v: f64) -> Result<String, Refusal> {
     if !v.is_finite() {
@@ -86,6 +90,13 @@ fn one_node(
     } else {
         source
     };
+    // Norms and softmax write through `STORE_Y(index, value)`, so that a
+    // pointwise epilogue can be fused in by redefining it.
+    let source = if source.contains("STORE_Y(") {
+        format!("{STORE_Y}\n{source}#undef STORE_Y\n")
+    } else {
+        source
+    };
     Fragment {
         name: name.to_string(),
         action: action.clone(),
@@ -102,9 +113,12 @@ fn one_node(
 impl TemplateCoder {
     /// A region that is a pointwise chain followed by the row kernel (a
     /// reduction, softmax, norm, scan or global pooling) that alone reads
-    /// it: the row kernel, with the chain computed where the kernel reads
-    /// its input (`LOAD_X`). `None` when the region is not of that shape.
-    fn with_prologue(
+    /// it, and for a norm or softmax, a pointwise chain after it that alone
+    /// reads it: the row kernel, with the chain in front computed where the
+    /// kernel reads its input (`LOAD_X`) and the chain after it where it
+    /// writes (`STORE_Y`). `None` when the region is not of that
+    /// shape.
+    fn with_chains(
         &self,
         program: &Program,
         g: &OpGraph,
@@ -116,27 +130,76 @@ impl TemplateCoder {
             return None;
         }
         let position = |n: &mtmc_actions::graph::NodeId| g.order().iter().position(|o| o == n);
-        let last = *nodes.iter().max_by_key(|n| position(n))?;
-        let row = match &g.node(last).op {
+        let mut ordered = nodes.clone();
+        ordered.sort_by_key(|n| position(n));
+        let is_row = |n: &mtmc_actions::graph::NodeId| match &g.node(*n).op {
             Op::Reduce(_) | Op::Softmax { .. } | Op::Norm(_) | Op::Scan(_) => true,
             Op::AdaptivePool(a) => a.is_global(),
             _ => false,
         };
-        if !row {
+        let at = ordered.iter().position(is_row)?;
+        let row = ordered[at];
+        let (before, after) = (&ordered[..at], &ordered[at + 1..]);
+        let writes_through = matches!(g.node(row).op, Op::Norm(_) | Op::Softmax { .. });
+        if after.iter().any(is_row) || (!after.is_empty() && !writes_through) {
             return None;
         }
-        let mut chain: Vec<_> = nodes.iter().copied().filter(|&n| n != last).collect();
-        chain.sort_by_key(|n| position(n));
         let single = Action {
             kind: ActionKind::CustomKernel,
-            region: vec![last.index() as u32],
+            region: vec![row.index() as u32],
             params: action.params,
         };
-        Some(self.realize(program, g, &single).and_then(|f| {
-            let pro = pointwise::prologue(g, &chain, last, &f.name)?;
-            fuse_prologue(f, pro, chain, action)
+        Some(self.realize(program, g, &single).and_then(|mut f| {
+            if !before.is_empty() {
+                let pro = pointwise::prologue(g, before, row, &f.name)?;
+                f = fuse_prologue(f, pro, before.to_vec(), action)?;
+            }
+            if !after.is_empty() {
+                let given = mtmc_actions::graph::TensorRef::first(row);
+                let epi = pointwise::epilogue(g, after, given, &f.name)?;
+                f = fuse_epilogue(f, epi, after.to_vec(), action)?;
+            }
+            Ok(f)
         }))
     }
+}
+
+/// The norm or softmax kernel `f` writing through the epilogue `epi` (the
+/// chain after it) instead of to memory.
+fn fuse_epilogue(
+    mut f: Fragment,
+    epi: pointwise::Epilogue,
+    chain: Vec<mtmc_actions::graph::NodeId>,
+    action: &Action,
+) -> Result<Fragment, Refusal> {
+    let decl = "float* __restrict__ y";
+    if f.outputs.len() != 1 || !f.source.contains(STORE_Y) || !f.source.contains(decl) {
+        return Err(Refusal::new(format!(
+            "{} does not write its one result `y` through STORE_Y",
+            f.name
+        )));
+    }
+    // The chain's inputs come after the kernel's own, before `y`.
+    let params: String = (0..epi.inputs.len())
+        .map(|k| format!("const float* __restrict__ pe{k}, "))
+        .collect();
+    let args: String = (0..epi.inputs.len()).map(|k| format!(", pe{k}")).collect();
+    let store = format!(
+        "#define STORE_Y(i, v) (y[(i)] = {}_e((i), (v){args}))",
+        f.name
+    );
+    f.source = format!(
+        "{}{}",
+        epi.source,
+        f.source
+            .replace(decl, &format!("{params}{decl}"))
+            .replace(STORE_Y, &store)
+    );
+    f.inputs.extend(epi.inputs);
+    f.outputs = vec![epi.output];
+    f.region.extend(chain);
+    f.action = action.clone();
+    Ok(f)
 }
 
 /// The row kernel `f` reading its input through `pro` instead of from
@@ -219,7 +282,7 @@ impl MicroCoder for TemplateCoder {
         action: &Action,
     ) -> Result<Fragment, Refusal> {
         use mtmc_actions::op::Op;
-        if let Some(fragment) = self.with_prologue(program, g, action) {
+        if let Some(fragment) = self.with_chains(program, g, action) {
             return fragment;
         }
         let single = match &action.nodes()[..] {

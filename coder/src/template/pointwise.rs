@@ -279,6 +279,18 @@ pub fn prologue(
     })
 }
 
+/// Coordinate `(index / inner) % extent` of a flat index into a tensor of
+/// shape `full`, as C: in 32-bit unsigned arithmetic when every index
+/// fits (a division by a constant is then a multiply-high and a shift, in
+/// 64 bits a long sequence), else in 64 bits.
+fn coord(index: &str, inner: u64, extent: u64, full: &[u64]) -> String {
+    if full.iter().product::<u64>() <= u64::from(u32::MAX) {
+        format!("(long long)((unsigned)({index}) / {inner}u % {extent}u)")
+    } else {
+        format!("(({index}) / {inner}LL) % {extent}LL")
+    }
+}
+
 /// The body of a device function computing element `i` of `chain`'s
 /// values at the flat offsets of `full`: input `k` read through pointer
 /// `{ptr}{k}`, except `given`, whose value is `v`; node `n`'s value is
@@ -301,7 +313,11 @@ fn chain_lines(
     coords.sort_unstable();
     for d in coords {
         let inner: u64 = full[d + 1..].iter().product();
-        let _ = writeln!(src, "    long long c{d} = (i / {inner}LL) % {}LL;", full[d]);
+        let _ = writeln!(
+            src,
+            "    long long c{d} = {};",
+            coord("i", inner, full[d], full)
+        );
     }
     let mut names: HashMap<TensorRef, String> = HashMap::new();
     if let Some(t) = given {
@@ -588,21 +604,21 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         if vector == 1 {
             let _ = writeln!(
                 src,
-                "        long long c{d} = (i / {inner}LL) % {}LL;",
-                full[d]
+                "        long long c{d} = {};",
+                coord("i", inner, full[d], &full)
             );
         } else if shared(d) {
             let _ = writeln!(
                 src,
-                "        long long c{d} = (i * {vector} / {inner}LL) % {}LL;",
-                full[d]
+                "        long long c{d} = {};",
+                coord(&format!("i * {vector}"), inner, full[d], &full)
             );
         } else {
             for (l, lane) in lanes.iter().enumerate() {
                 let _ = writeln!(
                     src,
-                    "        long long c{d}_{lane} = ((i * {vector} + {l}) / {inner}LL) % {}LL;",
-                    full[d]
+                    "        long long c{d}_{lane} = {};",
+                    coord(&format!("i * {vector} + {l}"), inner, full[d], &full)
                 );
             }
         }

@@ -316,10 +316,10 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 match kind {
                     Kind::LogSumExp => src.push_str("        if (threadIdx.x == 0) y[r] = m + logf(s);\n"),
                     Kind::Softmax { log: false } => src.push_str(
-                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = expf(LOAD_X(xr + k) - m) / s;\n",
+                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) STORE_Y(r * K + k, expf(LOAD_X(xr + k) - m) / s);\n",
                     ),
                     _ => src.push_str(
-                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = LOAD_X(xr + k) - m - logf(s);\n",
+                        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) STORE_Y(r * K + k, LOAD_X(xr + k) - m - logf(s));\n",
                     ),
                 }
             }
@@ -350,10 +350,10 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 match kind {
                     Kind::LogSumExp => src.push_str("        y[idx] = m + logf(s);\n"),
                     Kind::Softmax { log: false } => src.push_str(
-                        "        for (long long k = 0; k < K; ++k) y[base + k * inner] = expf(LOAD_X(base + k * inner) - m) / s;\n",
+                        "        for (long long k = 0; k < K; ++k) STORE_Y(base + k * inner, expf(LOAD_X(base + k * inner) - m) / s);\n",
                     ),
                     _ => src.push_str(
-                        "        for (long long k = 0; k < K; ++k) y[base + k * inner] = LOAD_X(base + k * inner) - m - logf(s);\n",
+                        "        for (long long k = 0; k < K; ++k) STORE_Y(base + k * inner, LOAD_X(base + k * inner) - m - logf(s));\n",
                     ),
                 }
             }
@@ -555,7 +555,7 @@ fn cluster_norm(
     );
     let _ = writeln!(
         src,
-        "    for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {{ const long long k = rank * chunk + j; y[xr + k] = (row_[j] - mean) * rstd{scale}{shift}; }}\n}}"
+        "    for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {{ const long long k = rank * chunk + j; STORE_Y(xr + k, (row_[j] - mean) * rstd{scale}{shift}); }}\n}}"
     );
     src
 }
@@ -679,10 +679,10 @@ fn warp_rows(src: &mut String, name: &str, kind: Kind, finish: &dyn Fn(&str) -> 
             match kind {
                 Kind::LogSumExp => src.push_str("        if (lane == 0) y[r] = m + logf(s);\n"),
                 Kind::Softmax { log: false } => src.push_str(
-                    "        for (long long k = lane; k < K; k += 32) y[xr + k] = expf(LOAD_X(xr + k) - m) / s;\n",
+                    "        for (long long k = lane; k < K; k += 32) STORE_Y(xr + k, expf(LOAD_X(xr + k) - m) / s);\n",
                 ),
                 _ => src.push_str(
-                    "        for (long long k = lane; k < K; k += 32) y[xr + k] = LOAD_X(xr + k) - m - logf(s);\n",
+                    "        for (long long k = lane; k < K; k += 32) STORE_Y(xr + k, LOAD_X(xr + k) - m - logf(s));\n",
                 ),
             }
         }
@@ -897,6 +897,12 @@ pub(super) fn combine_partials(
     src.push_str("    }\n");
 }
 
+/// Whether every flat index of `shape` fits 32 bits, so that index
+/// arithmetic (divisions by constants) can be 32-bit.
+fn narrow(shape: &[u64]) -> bool {
+    shape.iter().product::<u64>() <= u64::from(u32::MAX)
+}
+
 /// Which channel a normalized element's scale and shift come from.
 fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refusal> {
     // (rows, K, expression of the affine index from r and k)
@@ -918,18 +924,26 @@ fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refu
             let (n, c) = (shape[0], shape[1]);
             let spatial: u64 = shape[2..].iter().product();
             let per_group = c / groups;
-            (
-                n * groups,
-                per_group * spatial,
-                format!("(r % {groups}LL) * {per_group}LL + k / {spatial}LL"),
-            )
+            let channel = if narrow(shape) {
+                format!(
+                    "(long long)((unsigned)r % {groups}u * {per_group}u + (unsigned)k / {spatial}u)"
+                )
+            } else {
+                format!("(r % {groups}LL) * {per_group}LL + k / {spatial}LL")
+            };
+            (n * groups, per_group * spatial, channel)
         }
         NormKind::Instance => {
             if shape.len() < 3 {
                 return Err(Refusal::new("instance norm needs [N, C, spatial...]"));
             }
             let (n, c) = (shape[0], shape[1]);
-            (n * c, shape[2..].iter().product(), format!("r % {c}LL"))
+            let channel = if narrow(shape) {
+                format!("(long long)((unsigned)r % {c}u)")
+            } else {
+                format!("r % {c}LL")
+            };
+            (n * c, shape[2..].iter().product(), channel)
         }
         other => {
             return Err(Refusal::new(format!(
@@ -1025,6 +1039,19 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         return Ok(norm.fragment(name, action, params, inputs, node));
     }
     params.extend(sizes);
+    if let Some((threads, per)) = register_row(k) {
+        let what = format!("{kind:?} over {rows} rows of {k} (eps {eps})");
+        let norm = RegisterNorm {
+            rows,
+            k,
+            threads,
+            per,
+            rms,
+            eps: lit(*eps)?,
+        };
+        let (src, launch) = norm.source(name, &what, &params, block, &scale, &shift);
+        return Ok(one_node(name, action, src, inputs, node, launch));
+    }
     let mut src = String::new();
     let _ = writeln!(
         src,
@@ -1063,7 +1090,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     );
     let _ = writeln!(
         src,
-        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) y[r * K + k] = (LOAD_X(xr + k) - mean) * rstd{scale}{shift};"
+        "        for (long long k = threadIdx.x; k < K; k += blockDim.x) STORE_Y(r * K + k, (LOAD_X(xr + k) - mean) * rstd{scale}{shift});"
     );
     src.push_str("    }\n}\n");
     let launch = Launch {
@@ -1073,6 +1100,142 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         sizes: vec![rows as i64, k as i64],
     };
     Ok(one_node(name, action, src, inputs, node, launch))
+}
+
+/// The threads per row and the elements each holds in registers when a
+/// norm's rows of `k` are short enough to be read once and kept: at most
+/// 256 elements take 8 each (a warp or part of one per row: every lane's
+/// 8 loads fill 32-byte sectors with its neighbours'), at most 16384 take
+/// up to 16 each (a block of 64 to 1024 threads per row); `None` for
+/// longer rows.
+fn register_row(k: u64) -> Option<(u64, u64)> {
+    let threads = match k {
+        0 => return None,
+        1..=256 => k.div_ceil(8).next_power_of_two(),
+        257..=16384 => k.div_ceil(16).next_power_of_two().max(32),
+        _ => return None,
+    };
+    Some((threads, k.div_ceil(threads)))
+}
+
+/// A norm whose rows are read once into registers ([`register_row`]):
+/// `threads` neighbouring threads per row (lanes of a warp, combining by
+/// shuffles, or a whole block, through shared memory), thread `t` holding
+/// elements `t + j * threads`. The mean, then the sum of squared
+/// deviations from it, come from the registers; then the row is written.
+/// One pass over memory to read, one to write.
+struct RegisterNorm {
+    rows: u64,
+    k: u64,
+    threads: u64,
+    per: u64,
+    rms: bool,
+    /// ε, as a float literal.
+    eps: String,
+}
+
+impl RegisterNorm {
+    /// The kernel (blocks of `block` threads when a row takes a warp or
+    /// less, else a block per row) and its launch.
+    fn source(
+        &self,
+        name: &str,
+        what: &str,
+        params: &[String],
+        block: u32,
+        scale: &str,
+        shift: &str,
+    ) -> (String, Launch) {
+        let RegisterNorm {
+            rows,
+            k,
+            threads,
+            per,
+            ..
+        } = *self;
+        let block = if threads > 32 { threads as u32 } else { block };
+        // Rows a block and a warp take at a time.
+        let per_block = u64::from(block) / threads;
+        let per_warp = if threads > 32 { 0 } else { 32 / threads };
+        let mut src = String::new();
+        let _ = writeln!(
+            src,
+            "// {name}: {what}, {threads} thread(s) per row holding {per} elements each in registers"
+        );
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void __launch_bounds__({block}) {name}({}) {{",
+            params.join(", ")
+        );
+        if threads > 32 {
+            src.push_str("    __shared__ float shared[32];\n");
+        }
+        // A warp's rows go round the loop together, so that every lane
+        // reaches each shuffle; a row past the end reads and writes
+        // nothing.
+        let _ = writeln!(
+            src,
+            "    const int t = threadIdx.x % {threads};\n    const long long mine = threadIdx.x / {threads};\n    const long long warp_first = (threadIdx.x / 32) * {per_warp}LL;"
+        );
+        let _ = writeln!(
+            src,
+            "    for (long long first = blockIdx.x * {per_block}LL; first < rows; first += (long long)gridDim.x * {per_block}LL) {{"
+        );
+        src.push_str("        if (first + warp_first >= rows) break;\n");
+        src.push_str("        const long long r = first + mine;\n        const bool live = r < rows;\n        const long long xr = live ? r * K : 0;\n");
+        let _ = writeln!(src, "        float v_[{per}];");
+        let each = format!(
+            "        #pragma unroll\n        for (int j = 0; j < {per}; ++j) {{ const long long k = t + (long long)j * {threads};"
+        );
+        let reduce = |src: &mut String, var: &str| {
+            if threads > 32 {
+                block_reduce(src, var, "a + b", "0.0f");
+            } else if threads > 1 {
+                let _ = writeln!(
+                    src,
+                    "        for (int off = {}; off > 0; off >>= 1) {var} += __shfl_xor_sync(0xffffffffu, {var}, off);",
+                    threads / 2
+                );
+            }
+        };
+        if self.rms {
+            let _ = writeln!(
+                src,
+                "{each} v_[j] = live && k < K ? LOAD_X(xr + k) : 0.0f; }}"
+            );
+            src.push_str("        const float mean = 0.0f;\n");
+        } else {
+            src.push_str("        float total = 0.0f;\n");
+            let _ = writeln!(
+                src,
+                "{each} v_[j] = live && k < K ? LOAD_X(xr + k) : 0.0f; total += v_[j]; }}"
+            );
+            reduce(&mut src, "total");
+            src.push_str("        const float mean = total / (float)K;\n");
+        }
+        src.push_str("        float squares = 0.0f;\n");
+        let _ = writeln!(
+            src,
+            "{each} if (k < K) {{ const float d = v_[j] - mean; squares += d * d; }} }}"
+        );
+        reduce(&mut src, "squares");
+        let _ = writeln!(
+            src,
+            "        const float rstd = rsqrtf(squares / (float)K + {});",
+            self.eps
+        );
+        let _ = writeln!(
+            src,
+            "{each} if (live && k < K) STORE_Y(xr + k, (v_[j] - mean) * rstd{scale}{shift}); }}\n    }}\n}}"
+        );
+        let launch = Launch {
+            shared: 0,
+            grid: rows.div_ceil(per_block).clamp(1, WAVES * 2) as u32,
+            block,
+            sizes: vec![rows as i64, k as i64],
+        };
+        (src, launch)
+    }
 }
 
 /// The pointer parameters and inputs of a norm: `x`, then the scale and
@@ -1269,7 +1432,7 @@ impl SplitNorm {
         src.push_str("    {\n");
         let _ = writeln!(
             src,
-            "{each} if (k < hi) {{ const long long at = {address}; y[at] = (LOAD_X(at) - mean) * rstd{scale}{shift}; }} }}\n    }}\n}}"
+            "{each} if (k < hi) {{ const long long at = {address}; STORE_Y(at, (LOAD_X(at) - mean) * rstd{scale}{shift}); }} }}\n    }}\n}}"
         );
         let launch = Launch {
             shared: 0,
@@ -1323,7 +1486,13 @@ fn batch_norm(
             groups: c,
             count: n * spatial,
             splits,
-            address: format!("((k / {spatial}LL) * {c}LL + r) * {spatial}LL + k % {spatial}LL"),
+            address: if narrow(&[n, c, spatial]) {
+                format!(
+                    "(long long)(((unsigned)k / {spatial}u * {c}u + (unsigned)r) * {spatial}u + (unsigned)k % {spatial}u)"
+                )
+            } else {
+                format!("((k / {spatial}LL) * {c}LL + r) * {spatial}LL + k % {spatial}LL")
+            },
             channel: "r".into(),
             rms: false,
             eps: eps.clone(),
@@ -1374,7 +1543,7 @@ fn batch_norm(
         );
         let _ = writeln!(
             src,
-            "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ long long at = ((i / S) * C + ch) * S + i % S; y[at] = (LOAD_X(at) - mean) * rstd{scale}{shift}; }}"
+            "        for (long long i = threadIdx.x; i < count; i += blockDim.x) {{ long long at = ((i / S) * C + ch) * S + i % S; STORE_Y(at, (LOAD_X(at) - mean) * rstd{scale}{shift}); }}"
         );
         src.push_str("    }\n}\n");
         c.clamp(1, WAVES * 2)
@@ -1416,7 +1585,7 @@ fn batch_norm(
         );
         let _ = writeln!(
             src,
-            "        if (live) for (long long r = row; r < N; r += rows) y[r * C + ch] = (LOAD_X(r * C + ch) - mean) * rstd{scale}{shift};"
+            "        if (live) for (long long r = row; r < N; r += rows) STORE_Y(r * C + ch, (LOAD_X(r * C + ch) - mean) * rstd{scale}{shift});"
         );
         src.push_str("    }\n}\n");
         c.div_ceil(32).clamp(1, WAVES * 2)
