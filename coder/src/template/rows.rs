@@ -958,7 +958,9 @@ fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refu
 /// compensated sums), then the normalized, scaled and shifted output.
 /// Long rows take a cluster of blocks that holds the row in shared memory
 /// ([`cluster_norm`]); few long rows, or rows too long for a cluster,
-/// are cut into chunks of a block each ([`SplitNorm`]).
+/// are cut into chunks of a block each ([`SplitNorm`]); rows of at most
+/// 16384 are read once into registers ([`RegisterNorm`]). Every path
+/// writes through `STORE_Y`, where a chain after the norm is fused.
 pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
     let [node] = action.nodes()[..] else {
         return Err(Refusal::new("a norm kernel covers one op"));
