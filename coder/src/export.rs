@@ -692,6 +692,19 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                 };
             }
         }
+        // `split` makes several tensors: the tuple, then each part.
+        if let Op::Layout(Layout::Slice { subscript }) = &node.op
+            && subscript.starts_with("split(")
+        {
+            let v = format!("t{}", id.index());
+            let _ = writeln!(body, "        {v} = {}.{subscript}", ins[0]);
+            for output in 0..node.outputs.len() {
+                let part = format!("{v}_{output}");
+                let _ = writeln!(body, "        {part} = {v}[{output}].contiguous()");
+                var.insert(TensorRef { node: id, output }, part);
+            }
+            continue;
+        }
         let call = torch_call(&node.op, &ins, &node.outputs[0]).ok_or_else(|| {
             format!(
                 "no fragment computes `{}` ({}) and it has no torch rendering yet",
