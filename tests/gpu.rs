@@ -29,21 +29,35 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
             "y = sigmoid(softmax(x, dim=1) + b) * 2.0",
             "x=4096x1000,b=1000",
         ),
-        // Long rows: a cluster of blocks per row, alone and with a chain
-        // fused in front of it.
+        // Long rows of a softmax: a cluster of blocks per row, alone and
+        // with a chain fused in front of it.
         ("y = log_softmax(x, dim=1)", "x=64x65536"),
         ("y = softmax(relu(x) * 2.0, dim=1)", "x=64x65536"),
+        // Norms over long rows: a team of blocks per row, each block's
+        // chunk in registers, 16 bytes at a time (rows of 65536), or
+        // element by element (rows of 40001), with a chain fused in front
+        // or after.
         (
             "y = layer_norm(x, w, b, dim=-1)",
             "x=64x65536,w=65536,b=65536",
         ),
         ("y = rms_norm(relu(x), g, dim=-1)", "x=64x65536,g=65536"),
-        // Few groups of a million: chunks of a group in registers, one
-        // block each, statistics combined by the last block.
+        (
+            "y = gelu(layer_norm(x, w, b, dim=-1)) * 2.0",
+            "x=32x65536,w=65536,b=65536",
+        ),
+        (
+            "y = layer_norm(x, w, b, dim=-1)",
+            "x=16x40001,w=40001,b=40001",
+        ),
+        // Few groups of a million: a team of 64 blocks per group.
         (
             "y = layer_norm(x, w, b, dim=-1)",
             "x=8x1048576,w=1048576,b=1048576",
         ),
+        // Groups too long for a team: a statistics launch, the last block
+        // of a group combining, then a normalizing launch.
+        ("y = rms_norm(x, g, dim=-1)", "x=2x16777216,g=16777216"),
         // Short rows held in registers (8 lanes of 8 elements a row, and
         // a block of 1024 threads of 16), with the chain after the norm
         // fused where it writes.

@@ -139,8 +139,11 @@ fn short_rows_take_a_warp_each_and_few_columns_a_block_each() {
 fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
     let cases = [
         // nn.InstanceNorm2d has no scale or shift by default; its rows of
-        // 512x512 take a cluster of blocks each, the row in shared memory.
-        (traced(1, "34_InstanceNorm"), "(row_[j] - mean) * rstd);"),
+        // 512x512 take a team of blocks each, the row in registers.
+        (
+            traced(1, "34_InstanceNorm"),
+            "{ return (val - mean) * rstd; }",
+        ),
         // Short rows are read once into registers: 32 lanes of 8 here,
         // a block of 256 threads of 16 for rows of 4000, and 2 lanes of 7
         // for rows of 10.
@@ -161,7 +164,8 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
         ),
         (
             graph("y = rms_norm(x, g, dim=-1)", "x=16x65536,g=65536"),
-            "const float mean = 0.0f;",
+            // No centering: each chunk's own mean is taken as 0.
+            "const float mine = 0.0f;",
         ),
         (traced(1, "35_GroupNorm_"), "(unsigned)r % 8u"),
         (traced(1, "40_LayerNorm"), "w[k]"),
@@ -179,28 +183,30 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
             "{channel} missing:\n{}",
             f.source
         );
-        // Rows of 32768 floats and more (that fit) take a cluster; rows
-        // of at most 16384 are held in registers.
+        // Rows of at most 16384 are held in registers by a block or less;
+        // longer rows by a team of blocks, 16 bytes a load and a store, up
+        // to 176 blocks of 256 (rows of 2 M).
         let k = f.launch.sizes[1];
         assert_eq!(
-            f.source.contains("in registers"),
+            f.source.contains("thread(s) per row holding"),
             k <= 16384,
             "K = {k}:\n{}",
             f.source
         );
         assert_eq!(
-            f.source.contains("__cluster_dims__(8, 1, 1)"),
-            (1 << 15..=409_600).contains(&k),
+            f.source.contains("a team of") && f.source.contains("__stcs(reinterpret_cast<float4*>"),
+            k > 16384 && k <= 1 << 21,
             "K = {k}:\n{}",
             f.source
         );
+        assert!(!f.source.contains("__cluster_dims__"), "{}", f.source);
     }
 }
 
 #[test]
 fn norms_and_softmax_take_a_chain_in_front_and_one_after_in_one_kernel() {
-    // Rows of 64 in registers, of 4000 a block each, of 65536 a cluster
-    // each, and few groups of a million cut into chunks (two launches);
+    // Rows of 64 in registers, of 4000 a block each, of 65536 a team of
+    // blocks each, and few groups of a million a team of 64 each;
     // softmax over short rows (a warp each), long rows (a block each) and
     // a leading dim (a thread per line): every kernel writes through the
     // chain fused after it.
@@ -250,6 +256,9 @@ fn norms_and_softmax_take_a_chain_in_front_and_one_after_in_one_kernel() {
             .unwrap();
         compiles(&f, intent);
         assert!(f.source.contains("#define MTMC_PROLOGUE"), "{}", f.source);
+        // Kernels that store 16 bytes at a time store element by element
+        // through the chain.
+        assert!(f.source.contains("#define MTMC_EPILOGUE"), "{}", f.source);
         assert!(
             f.source
                 .contains("#define STORE_Y(i, v) (y[(i)] = k0_rows_e((i), (v), pe0))"),
@@ -430,7 +439,7 @@ fn pooling_moved_to_channels_last_compiles_with_the_channel_innermost() {
 fn batch_norm_with_batch_statistics_compiles_with_and_without_spatial_dims() {
     for (name, layout) in [
         // BatchNorm2d after a convolution, 128 channels of 1 M elements:
-        // split across blocks, a statistics pass first; 32-bit indices.
+        // a team of blocks per channel; 32-bit indices.
         ("52_Conv2d_Activation_BatchNorm", "(unsigned)k % 15876u)"),
         // BatchNorm1d after a GEMM: 32 channels a block, warps along rows.
         ("39_Gemm_Scale_BatchNorm", "LOAD_X(r * C + ch)"),
@@ -626,37 +635,81 @@ fn losses_compile_elementwise_and_by_rows_with_one_combining_block() {
 }
 
 #[test]
-fn norms_of_long_groups_read_each_chunk_once_for_statistics_then_normalize() {
-    // LayerNorm over [64, 256, 256] of 16 rows: 16 groups of 4 M (too few
-    // to fill the GPU); GroupNorm of [112, 64, 512, 512] in 8 groups: 896
-    // groups of 2 M (too long for a cluster's shared memory).
-    for (name, groups, count) in [
-        ("40_LayerNorm", 16, 64 << 16),
-        ("35_GroupNorm_", 896, 8 << 18),
+fn norms_of_long_groups_take_a_team_of_blocks_that_meet_in_one_launch() {
+    // InstanceNorm2d of [112, 64, 512, 512]: 7168 rows of 256 K;
+    // GroupNorm of [112, 64, 512, 512] in 8 groups: 896 groups of 2 M;
+    // BatchNorm2d after a convolution: 128 channels of about 1 M, strided
+    // in runs of 126 x 126.
+    for (level, name, groups, count) in [
+        (1, "34_InstanceNorm", 7168, 1 << 18),
+        (1, "35_GroupNorm_", 896, 8 << 18),
+        (2, "52_Conv2d_Activation_BatchNorm", 128, 64 * 15876),
     ] {
-        let g = traced(1, name);
+        let g = traced(level, name);
         let f =
             common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Norm(_))).unwrap();
         compiles(&f, name);
         let kernels: Vec<&str> = f.launches().map(|(k, _)| k).collect();
-        assert_eq!(kernels, ["k0_rows_stats", "k0_rows"], "{name}");
+        assert_eq!(kernels, ["k0_rows"], "{name}");
         let block = i64::from(f.launch.block);
+        assert_eq!(block, 256, "{name}");
         let splits = f.launch.sizes[2];
         assert_eq!(f.launch.sizes[..2], [groups, count], "{name}");
-        assert_eq!(splits, (count + 16 * block - 1) / (16 * block), "{name}");
-        assert_eq!(i64::from(f.launch.grid), groups * splits, "{name}");
-        // The chunk in registers, read once by each launch (the third
-        // LOAD_X is its definition).
-        assert!(f.source.contains("float v_[k0_rows_PER];"), "{}", f.source);
-        assert_eq!(f.source.matches("LOAD_X(").count(), 3, "{}", f.source);
-        // Chan's combination of the chunks' statistics by the last block.
+        // 64 elements a thread; at most two thirds of the 2 blocks of 256
+        // an SM is sure to hold, on 132 SMs.
+        assert_eq!(splits, (count + 64 * block - 1) / (64 * block), "{name}");
+        assert!(3 * splits <= 2 * 132 * 2, "{name}: {splits}");
+        // 3 blocks an SM with nothing fused in (20 spare registers a
+        // thread), 2 with a chain (64).
         assert!(
-            f.source.contains("m2 += stats[2 * p + 1] +"),
+            f.source.contains("__launch_bounds__(256, k0_rows_MIN)")
+                && f.source
+                    .contains("#define k0_rows_MIN 2\n#else\n#define k0_rows_MIN 3"),
             "{}",
             f.source
         );
-        assert!(f.source.contains("k0_rows_done[r] = 0u;"), "{}", f.source);
+        assert_eq!(i64::from(f.launch.grid), groups * splits, "{name}");
+        // A ticket per block; the team waits for all its blocks; Chan's
+        // combination of the chunks' statistics by every block; the counts
+        // and the tickets reset for the next launch.
+        for piece in [
+            "ticket_ = atomicAdd(&k0_rows_ticket[0], 1u);",
+            "< (unsigned int)splits) __nanosleep(",
+            "m2 += stats[p].y +",
+            "k0_rows_in[r] = 0u; k0_rows_out[r] = 0u;",
+            "k0_rows_ticket[0] = 0u; k0_rows_ticket[1] = 0u;",
+        ] {
+            assert!(f.source.contains(piece), "{piece}:\n{}", f.source);
+        }
+        // 16 bytes a load and a store: the batch norm's runs are a
+        // multiple of 4 long.
+        assert!(f.source.contains("float4 v_[16];"), "{}", f.source);
     }
+}
+
+#[test]
+fn groups_too_long_for_a_team_take_a_statistics_launch_then_a_normalizing_one() {
+    // LayerNorm over [64, 256, 256] of 16 rows: groups of 4 M, for which
+    // a team would need 256 blocks of 256.
+    let g = traced(1, "40_LayerNorm");
+    let f = common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Norm(_))).unwrap();
+    compiles(&f, "layer norm");
+    let kernels: Vec<&str> = f.launches().map(|(k, _)| k).collect();
+    assert_eq!(kernels, ["k0_rows_stats", "k0_rows"]);
+    let block = i64::from(f.launch.block);
+    let splits = f.launch.sizes[2];
+    assert_eq!(f.launch.sizes[..2], [16, 64 << 16]);
+    assert_eq!(splits, ((64 << 16) + 16 * block - 1) / (16 * block));
+    // The chunk in registers, read once by each launch (the third LOAD_X
+    // is its definition); the last block combines by Chan's formula.
+    assert!(f.source.contains("float v_[k0_rows_PER];"), "{}", f.source);
+    assert_eq!(f.source.matches("LOAD_X(").count(), 3, "{}", f.source);
+    assert!(
+        f.source.contains("m2 += stats[2 * p + 1] +"),
+        "{}",
+        f.source
+    );
+    assert!(f.source.contains("k0_rows_done[r] = 0u;"), "{}", f.source);
 }
 
 #[test]

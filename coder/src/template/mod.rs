@@ -93,7 +93,7 @@ fn one_node(
     // Norms and softmax write through `STORE_Y(index, value)`, so that a
     // pointwise epilogue can be fused in by redefining it.
     let source = if source.contains("STORE_Y(") {
-        format!("{STORE_Y}\n{source}#undef STORE_Y\n")
+        format!("{STORE_Y}\n{source}#undef STORE_Y\n#undef MTMC_EPILOGUE\n")
     } else {
         source
     };
@@ -185,7 +185,7 @@ fn fuse_epilogue(
         .collect();
     let args: String = (0..epi.inputs.len()).map(|k| format!(", pe{k}")).collect();
     let store = format!(
-        "#define STORE_Y(i, v) (y[(i)] = {}_e((i), (v){args}))",
+        "#define STORE_Y(i, v) (y[(i)] = {}_e((i), (v){args}))\n#define MTMC_EPILOGUE",
         f.name
     );
     f.source = format!(

@@ -488,78 +488,6 @@ fn cluster_read(ptr: &str, dest: &str, pair: bool) -> String {
 /// after it.
 const CLUSTER_SYNC: &str = "    asm volatile(\"barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n";
 
-/// A layer, RMS, group or instance norm (`what`) over rows of `K` floats,
-/// a cluster of [`CLUSTER`] blocks per row: each block copies its share
-/// of the row into shared memory while summing it; the sums are combined
-/// across the cluster (`_csum`: a block reduction, then each block reads
-/// the others' totals through distributed shared memory, between two
-/// cluster barriers); the squared deviations from the mean are summed
-/// from shared memory the same way; each block writes its share,
-/// normalized, scaled (`scale`) and shifted (`shift`, expressions of the
-/// row `r` and the index `k` in it). Two passes over device memory
-/// instead of four.
-fn cluster_norm(
-    name: &str,
-    what: &str,
-    params: &[String],
-    rms: bool,
-    eps: &str,
-    scale: &str,
-    shift: &str,
-) -> String {
-    let mut src = String::new();
-    let _ = writeln!(
-        src,
-        "// {name}: {what}, a cluster of {CLUSTER} blocks per row held in shared memory"
-    );
-    let _ = writeln!(
-        src,
-        "__device__ __forceinline__ float {name}_csum(float v, float* shared) {{"
-    );
-    block_reduce(&mut src, "v", "a + b", "0.0f");
-    src.push_str("    if (threadIdx.x == 0) shared[32] = v;\n");
-    src.push_str(CLUSTER_SYNC);
-    let _ = writeln!(
-        src,
-        "    if (threadIdx.x < 32) {{\n        float p = 0.0f;\n        if (threadIdx.x < {CLUSTER}) {{\n{}        }}\n        for (int o = 16; o; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);\n        if (threadIdx.x == 0) shared[33] = p;\n    }}",
-        cluster_read("shared + 32", "p", false)
-    );
-    src.push_str(CLUSTER_SYNC);
-    src.push_str("    return shared[33];\n}\n");
-    let _ = writeln!(
-        src,
-        "extern \"C\" __global__ void __cluster_dims__({CLUSTER}, 1, 1) __launch_bounds__({CLUSTER_BLOCK}) {name}({}) {{",
-        params.join(", ")
-    );
-    src.push_str("    extern __shared__ float4 row4_[];\n    const float* row_ = reinterpret_cast<const float*>(row4_);\n    __shared__ float part_[34];\n");
-    src.push_str(CLUSTER_RANK);
-    let _ = writeln!(
-        src,
-        "    const long long r = blockIdx.x / {CLUSTER};\n    const long long chunk = K / {CLUSTER};\n    const long long xr = r * K;\n    const long long first = xr + rank * chunk;"
-    );
-    src.push_str("    float acc = 0.0f;\n    for (long long i = threadIdx.x; i < chunk / 4; i += blockDim.x) {\n");
-    cluster_load(&mut src, "first / 4 + i");
-    src.push_str("        row4_[i] = v;\n        acc += (v.x + v.y) + (v.z + v.w);\n    }\n");
-    if rms {
-        src.push_str("    __syncthreads();\n    const float mean = 0.0f;\n");
-    } else {
-        let _ = writeln!(
-            src,
-            "    const float mean = {name}_csum(acc, part_) / (float)K;"
-        );
-    }
-    src.push_str("    float sq = 0.0f;\n    for (long long j = threadIdx.x; j < chunk; j += blockDim.x) { float d = row_[j] - mean; sq += d * d; }\n");
-    let _ = writeln!(
-        src,
-        "    const float rstd = rsqrtf({name}_csum(sq, part_) / (float)K + {eps});"
-    );
-    let _ = writeln!(
-        src,
-        "    for (long long j = threadIdx.x; j < chunk; j += blockDim.x) {{ const long long k = rank * chunk + j; STORE_Y(xr + k, (row_[j] - mean) * rstd{scale}{shift}); }}\n}}"
-    );
-    src
-}
-
 /// Fewer `(outer, inner)` lines than this (the threads an H100 holds at
 /// once) are reduced by blocks of warps over the reduced dim.
 const FEW_LINES: u64 = 132 * 2048;
@@ -956,11 +884,12 @@ fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refu
 /// Layer, RMS, group and instance norm: each normalized group of elements
 /// is one contiguous row; the mean, then the variance (two passes,
 /// compensated sums), then the normalized, scaled and shifted output.
-/// Long rows take a cluster of blocks that holds the row in shared memory
-/// ([`cluster_norm`]); few long rows, or rows too long for a cluster,
-/// are cut into chunks of a block each ([`SplitNorm`]); rows of at most
-/// 16384 are read once into registers ([`RegisterNorm`]). Every path
-/// writes through `STORE_Y`, where a chain after the norm is fused.
+/// Rows longer than 16384, or few rows, take a team of blocks per row in
+/// one launch ([`SplitNorm::team_source`]), or, when the team would be too large
+/// to be sure of holding at once, a statistics launch and a normalizing
+/// one ([`SplitNorm`]); rows of at most 16384 are read once into
+/// registers ([`RegisterNorm`]). Every path writes through `STORE_Y`,
+/// where a chain after the norm is fused.
 pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
     let [node] = action.nodes()[..] else {
         return Err(Refusal::new("a norm kernel covers one op"));
@@ -1009,36 +938,29 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         "long long rows".into(),
         "long long K".into(),
     ];
-    // Long rows, enough of them for the SMs (16 clusters of 8): a cluster
-    // of blocks holds each row in shared memory.
-    if let Some(chunk) = cluster_chunk(k)
-        && rows >= 16
-    {
-        let what = format!("{kind:?} over {rows} rows of {k} (eps {eps})");
-        params.extend(sizes);
-        let src = cluster_norm(name, &what, &params, rms, &lit(*eps)?, &scale, &shift);
-        let launch = Launch {
-            shared: (chunk * 4) as u32,
-            grid: (rows * CLUSTER) as u32,
-            block: CLUSTER_BLOCK,
-            sizes: vec![rows as i64, k as i64],
-        };
-        return Ok(one_node(name, action, src, inputs, node, launch));
-    }
-    if let Some(splits) = norm_splits(rows, k, block) {
-        let norm = SplitNorm {
+    let split = |splits, team| -> Result<SplitNorm, Refusal> {
+        Ok(SplitNorm {
             what: format!("{kind:?}"),
             groups: rows,
             count: k,
             splits,
             address: format!("r * {k}LL + k"),
-            channel,
+            run: k,
+            team,
+            channel: channel.clone(),
             rms,
             eps: lit(*eps)?,
             affine: *affine,
             bias: *bias,
-        };
-        return Ok(norm.fragment(name, action, params, inputs, node));
+        })
+    };
+    // Rows longer than a block holds in registers, or few rows: a team of
+    // blocks per row, or when the team would be too large, two launches.
+    if let Some(splits) = team_splits(rows, k, block, k.is_multiple_of(4)) {
+        return Ok(split(splits, true)?.fragment(name, action, params, inputs, node));
+    }
+    if let Some(splits) = norm_splits(rows, k, block) {
+        return Ok(split(splits, false)?.fragment(name, action, params, inputs, node));
     }
     params.extend(sizes);
     if let Some((threads, per)) = register_row(k) {
@@ -1265,9 +1187,10 @@ fn norm_operands(
 const SPLIT_PER_THREAD: u64 = 16;
 
 /// Blocks per group when a norm's groups are better cut into chunks, one
-/// block each: few long groups (too few to fill the GPU), or groups too
-/// long for a cluster's shared memory, whose three passes a block per
-/// group would read from memory; `None` when a block per group does.
+/// block each, where no team takes them ([`team_splits`]): few long
+/// groups (too few to fill the GPU), or long groups, whose three passes a
+/// block per group would read from memory; `None` when a block per group
+/// does.
 fn norm_splits(groups: u64, count: u64, block: u32) -> Option<u64> {
     let chunk = SPLIT_PER_THREAD * u64::from(block);
     let long = count >= 8 * chunk;
@@ -1284,7 +1207,8 @@ fn norm_splits(groups: u64, count: u64, block: u32) -> Option<u64> {
 /// squared deviations is the chunks' own plus each chunk's count times its
 /// mean's squared distance from the group's) into the group's mean and
 /// 1/std. The normalizing launch reads the chunk again and writes it: three
-/// passes over memory in all.
+/// passes over memory in all. [`SplitNorm::team_source`] does the same in one
+/// launch, one read and one write, when the team of blocks is small enough.
 struct SplitNorm {
     /// What it computes, for the comment.
     what: String,
@@ -1296,6 +1220,12 @@ struct SplitNorm {
     splits: u64,
     /// Where element `k` of group `r` is (a C expression).
     address: String,
+    /// The length of the contiguous runs a group's elements lie in (the
+    /// group's count when it is contiguous): runs of a multiple of 4 let
+    /// a team move them 16 bytes at a time.
+    run: u64,
+    /// One launch by a team of blocks per group ([`SplitNorm::team_source`]).
+    team: bool,
     /// The scale's and shift's index for element `k` of group `r`.
     channel: String,
     /// RMS norm: no centering.
@@ -1306,7 +1236,190 @@ struct SplitNorm {
     bias: bool,
 }
 
+/// The output and sizes of a split or team norm's kernels, after the
+/// inputs.
+const SPLIT_SIZES: [&str; 4] = [
+    "float* __restrict__ y",
+    "long long groups",
+    "long long count",
+    "long long splits",
+];
+
 impl SplitNorm {
+    /// The scale and shift terms of element `k` of group `r`.
+    fn affine_terms(&self) -> (String, String) {
+        let channel = &self.channel;
+        let scale = if self.affine {
+            format!(" * w[{channel}]")
+        } else {
+            String::new()
+        };
+        let shift = if self.bias {
+            format!(" + b[{channel}]")
+        } else {
+            String::new()
+        };
+        (scale, shift)
+    }
+
+    /// The norm in one launch: a team of `splits` blocks per group, each
+    /// holding one chunk of the group in registers. A block takes a ticket
+    /// as it starts (an atomic count), which names its group and chunk, so
+    /// that the blocks of a team start in order and the team with the
+    /// lowest tickets is always wholly resident: the kernel cannot wait on
+    /// a block that has not started while holding the SM it needs (given a
+    /// team no larger than the GPU holds at once, [`team_splits`]). Each
+    /// block sums its chunk, then the squared deviations from the chunk's
+    /// mean, from registers, and publishes both; its first thread counts
+    /// the block in and waits until the whole team has; every block then
+    /// combines the team's statistics by Chan's formula and writes its
+    /// chunk from registers, normalized. The last block out of the group
+    /// resets its counts, and the last block of the launch the tickets, so
+    /// that the next launch starts from zero. One read, one write. With
+    /// contiguous groups of a multiple of 4, 16 bytes a load and a store
+    /// (element by element when a chain is fused in front, `LOAD_X`, or
+    /// after, `STORE_Y`).
+    fn team_source(&self, name: &str, block: u32, params: &str) -> (String, Launch) {
+        let SplitNorm {
+            groups,
+            count,
+            splits,
+            ..
+        } = *self;
+        let vec4 = self.run.is_multiple_of(4);
+        let per = team_per(block, vec4);
+        let address = &self.address;
+        let (scale, shift) = self.affine_terms();
+        let mut src = String::new();
+        let _ = writeln!(
+            src,
+            "// {name}: {} over {groups} group(s) of {count}, a team of {splits} blocks per group, {per} elements a thread in registers",
+            self.what
+        );
+        let _ = writeln!(src, "__device__ float2 {name}_part[{}];", groups * splits);
+        let _ = writeln!(src, "__device__ unsigned int {name}_in[{groups}];");
+        let _ = writeln!(src, "__device__ unsigned int {name}_out[{groups}];");
+        let _ = writeln!(src, "__device__ unsigned int {name}_ticket[2];");
+        // More blocks an SM when no chain is fused in to need registers.
+        let _ = writeln!(
+            src,
+            "#if defined(MTMC_PROLOGUE) || defined(MTMC_EPILOGUE)\n#define {name}_MIN {}\n#else\n#define {name}_MIN {}\n#endif",
+            team_blocks_per_sm(block, 64),
+            team_blocks_per_sm(block, 20)
+        );
+        let _ = writeln!(
+            src,
+            "extern \"C\" __global__ void __launch_bounds__({block}, {name}_MIN) {name}({params}) {{"
+        );
+        src.push_str("    __shared__ float shared[32];\n    __shared__ unsigned int ticket_;\n");
+        let _ = writeln!(
+            src,
+            "    if (threadIdx.x == 0) ticket_ = atomicAdd(&{name}_ticket[0], 1u);"
+        );
+        src.push_str("    __syncthreads();\n");
+        let _ = writeln!(
+            src,
+            "    const long long r = ticket_ / splits, part = ticket_ % splits;\n    const long long chunk = {per}LL * {block}LL;\n    const long long lo = part * chunk, hi = min(count, lo + chunk);"
+        );
+        // Element `k` of the group, value `val`, normalized.
+        let _ = writeln!(
+            src,
+            "    float mean = 0.0f, rstd = 0.0f;\n    auto norm_ = [&](long long k, float val) {{ return (val - mean) * rstd{scale}{shift}; }};"
+        );
+        let (each, held) = if vec4 {
+            let quads = per / 4;
+            let _ = writeln!(src, "    float4 v_[{quads}];");
+            (
+                format!(
+                    "    #pragma unroll\n    for (int i = 0; i < {quads}; ++i) {{ const long long k = lo + 4 * ((long long)i * {block} + threadIdx.x);"
+                ),
+                [".x", ".y", ".z", ".w"].as_slice(),
+            )
+        } else {
+            let _ = writeln!(src, "    float v_[{per}];");
+            (
+                format!(
+                    "    #pragma unroll\n    for (int i = 0; i < {per}; ++i) {{ const long long k = lo + (long long)i * {block} + threadIdx.x;"
+                ),
+                [""].as_slice(),
+            )
+        };
+        // Read the chunk, and sum it (RMS norm: no centering, no sum).
+        if vec4 {
+            let _ = writeln!(
+                src,
+                "{each}\n        if (k < hi) {{\n            const long long at = {address};\n#ifdef MTMC_PROLOGUE\n            v_[i] = make_float4(LOAD_X(at), LOAD_X(at + 1), LOAD_X(at + 2), LOAD_X(at + 3));\n#else\n            v_[i] = __ldcs(reinterpret_cast<const float4*>(x + at));\n#endif\n        }} else v_[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n    }}"
+            );
+        } else {
+            let _ = writeln!(src, "{each} v_[i] = k < hi ? LOAD_X({address}) : 0.0f; }}");
+        }
+        let terms = |f: &dyn Fn(&str) -> String| -> String {
+            held.iter()
+                .map(|c| f(&format!("v_[i]{c}")))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        src.push_str("    const float n_ = (float)(hi - lo);\n    {\n");
+        if self.rms {
+            src.push_str("        const float mine = 0.0f;\n");
+        } else {
+            src.push_str("        float total = 0.0f;\n");
+            let _ = writeln!(src, "    {each} total += {}; }}", terms(&|v| v.to_string()));
+            block_reduce(&mut src, "total", "a + b", "0.0f");
+            src.push_str("        const float mine = total / n_;\n");
+        }
+        src.push_str("        float squares = 0.0f;\n");
+        let _ = writeln!(
+            src,
+            "    {each} if (k < hi) squares += {}; }}",
+            terms(&|v| format!("({v} - mine) * ({v} - mine)"))
+        );
+        block_reduce(&mut src, "squares", "a + b", "0.0f");
+        // Publish, count in, wait for the team.
+        let _ = writeln!(
+            src,
+            "        if (threadIdx.x == 0) {{\n            {name}_part[ticket_] = make_float2(mine, squares);\n            __threadfence();\n            atomicAdd(&{name}_in[r], 1u);\n            while (((volatile unsigned int*){name}_in)[r] < (unsigned int)splits) __nanosleep(64);\n            __threadfence();\n        }}\n        __syncthreads();\n    }}"
+        );
+        // The team's statistics, by every block.
+        let _ = writeln!(
+            src,
+            "    {{\n        const volatile float2* stats = {name}_part + r * splits;"
+        );
+        chan_combine(&mut src, self.rms, "", ("stats[p].x", "stats[p].y"));
+        let _ = writeln!(
+            src,
+            "        rstd = rsqrtf(m2 / (float)count + {});\n    }}",
+            self.eps
+        );
+        // Write the chunk from registers.
+        if vec4 {
+            let _ = writeln!(
+                src,
+                "{each}\n        if (k < hi) {{\n            const long long at = {address};\n#ifdef MTMC_EPILOGUE\n            STORE_Y(at, norm_(k, v_[i].x)); STORE_Y(at + 1, norm_(k + 1, v_[i].y)); STORE_Y(at + 2, norm_(k + 2, v_[i].z)); STORE_Y(at + 3, norm_(k + 3, v_[i].w));\n#else\n            __stcs(reinterpret_cast<float4*>(y + at), make_float4(norm_(k, v_[i].x), norm_(k + 1, v_[i].y), norm_(k + 2, v_[i].z), norm_(k + 3, v_[i].w)));\n#endif\n        }}\n    }}"
+            );
+        } else {
+            let _ = writeln!(
+                src,
+                "{each} if (k < hi) STORE_Y({address}, norm_(k, v_[i])); }}"
+            );
+        }
+        // Out: the last of the group resets its counts, the last of the
+        // launch the tickets.
+        let _ = writeln!(
+            src,
+            "    if (threadIdx.x == 0) {{\n        if (atomicAdd(&{name}_out[r], 1u) == (unsigned int)(splits - 1)) {{ {name}_in[r] = 0u; {name}_out[r] = 0u; }}\n        if (atomicAdd(&{name}_ticket[1], 1u) == gridDim.x - 1) {{ {name}_ticket[0] = 0u; {name}_ticket[1] = 0u; }}\n    }}\n}}"
+        );
+        let launch = Launch {
+            shared: 0,
+            grid: (groups * splits) as u32,
+            block,
+            sizes: vec![groups as i64, count as i64, splits as i64],
+        };
+        (src, launch)
+    }
+
+    /// The fragment: a team's one launch ([`SplitNorm::team_source`]), or
+    /// the statistics launch and the normalizing one.
     fn fragment(
         &self,
         name: &str,
@@ -1315,19 +1428,18 @@ impl SplitNorm {
         inputs: Vec<mtmc_actions::graph::TensorRef>,
         node: mtmc_actions::graph::NodeId,
     ) -> Fragment {
+        params.extend(SPLIT_SIZES.map(String::from));
+        let params = params.join(", ");
+        if self.team {
+            let (src, launch) = self.team_source(name, action.params.block, &params);
+            return one_node(name, action, src, inputs, node, launch);
+        }
         let SplitNorm {
             groups,
             count,
             splits,
             ..
         } = *self;
-        params.extend([
-            "float* __restrict__ y".to_string(),
-            "long long groups".into(),
-            "long long count".into(),
-            "long long splits".into(),
-        ]);
-        let params = params.join(", ");
         let stats = format!("{name}_stats");
         let address = &self.address;
         let per = SPLIT_PER_THREAD;
@@ -1390,24 +1502,15 @@ impl SplitNorm {
             src,
             "        const volatile float* stats = {name}_part + 2 * r * splits;"
         );
-        let weight = "(float)(min(count, (p + 1) * chunk) - min(count, p * chunk))";
         if self.rms {
             src.push_str("        const float mean = 0.0f;\n");
-        } else {
-            src.push_str("        float weighted = 0.0f;\n");
-            let _ = writeln!(
-                src,
-                "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) weighted += {weight} * stats[2 * p];"
-            );
-            block_reduce(&mut src, "weighted", "a + b", "0.0f");
-            src.push_str("        const float mean = weighted / (float)count;\n");
         }
-        src.push_str("        float m2 = 0.0f;\n");
-        let _ = writeln!(
-            src,
-            "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ const float d = stats[2 * p] - mean; m2 += stats[2 * p + 1] + {weight} * d * d; }}"
+        chan_combine(
+            &mut src,
+            self.rms,
+            "const float ",
+            ("stats[2 * p]", "stats[2 * p + 1]"),
         );
-        block_reduce(&mut src, "m2", "a + b", "0.0f");
         let _ = writeln!(
             src,
             "        if (threadIdx.x == 0) {{ {name}_stat[2 * r] = mean; {name}_stat[2 * r + 1] = rsqrtf(m2 / (float)count + {}); {name}_done[r] = 0u; }}\n    }}\n}}",
@@ -1420,17 +1523,7 @@ impl SplitNorm {
             src,
             "    const float mean = {name}_stat[2 * r], rstd = {name}_stat[2 * r + 1];"
         );
-        let channel = &self.channel;
-        let scale = if self.affine {
-            format!(" * w[{channel}]")
-        } else {
-            String::new()
-        };
-        let shift = if self.bias {
-            format!(" + b[{channel}]")
-        } else {
-            String::new()
-        };
+        let (scale, shift) = self.affine_terms();
         src.push_str("    {\n");
         let _ = writeln!(
             src,
@@ -1449,6 +1542,62 @@ impl SplitNorm {
         });
         f
     }
+}
+
+/// Elements each thread of a team's block holds in registers: 64 for
+/// blocks of up to 256 threads, so that a block of 256 holds 16384; larger
+/// blocks hold 16384 between them. Half as many when they are read one by
+/// one (`vec4` false), each with an address of its own to keep.
+fn team_per(block: u32, vec4: bool) -> u64 {
+    64.min(16384 / u64::from(block)) / if vec4 { 1 } else { 2 }
+}
+
+/// Blocks of `block` threads that an SM is sure to hold at once for a
+/// team kernel: its `__launch_bounds__` minimum when a chain is fused in
+/// (`spare` registers a thread besides its elements: 64, as a chain in
+/// front computes while the elements are held), or when none is (20).
+fn team_blocks_per_sm(block: u32, spare: u64) -> u64 {
+    (65536 / (u64::from(block) * (team_per(block, true) + spare))).clamp(1, 2048 / u64::from(block))
+}
+
+/// Blocks per group when a norm over groups of `count` elements is better
+/// done by a team ([`SplitNorm::team_source`]): groups longer than a block holds
+/// in registers, or few groups (too few to fill the GPU) of at least two
+/// chunks. `None` when a team would be larger than two thirds of what the
+/// H100's 132 SMs are sure to hold at once: its blocks wait for each
+/// other, so all of a team must be resident together.
+fn team_splits(groups: u64, count: u64, block: u32, vec4: bool) -> Option<u64> {
+    let chunk = team_per(block, vec4) * u64::from(block);
+    let splits = count.div_ceil(chunk);
+    let wanted = count > 16384 || (groups < 2 * 132 && splits >= 2);
+    (wanted && splits >= 2 && 3 * splits <= 2 * 132 * team_blocks_per_sm(block, 64))
+        .then_some(splits)
+}
+
+/// Lines that combine a group's `splits` chunks' statistics (C
+/// expressions of the chunk `p`: its mean and the sum of its squared
+/// deviations from it) by Chan's formula into `mean` (declared as
+/// `{declare}mean`; left alone for an RMS norm, whose mean is 0) and
+/// `m2`, the sum of the group's squared deviations from its mean: the
+/// chunks' own, plus each chunk's count times its mean's squared distance
+/// from the group's. Every thread holds both.
+fn chan_combine(src: &mut String, rms: bool, declare: &str, (mean_of, squares_of): (&str, &str)) {
+    let weight = "(float)(min(count, (p + 1) * chunk) - min(count, p * chunk))";
+    if !rms {
+        src.push_str("        float weighted = 0.0f;\n");
+        let _ = writeln!(
+            src,
+            "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) weighted += {weight} * {mean_of};"
+        );
+        block_reduce(src, "weighted", "a + b", "0.0f");
+        let _ = writeln!(src, "        {declare}mean = weighted / (float)count;");
+    }
+    src.push_str("        float m2 = 0.0f;\n");
+    let _ = writeln!(
+        src,
+        "        for (long long p = threadIdx.x; p < splits; p += blockDim.x) {{ const float d = {mean_of} - mean; m2 += {squares_of} + {weight} * d * d; }}"
+    );
+    block_reduce(src, "m2", "a + b", "0.0f");
 }
 
 /// Batch norm with the batch's statistics (training mode) on `[N, C,
@@ -1482,7 +1631,11 @@ fn batch_norm(
     let block = one_per_thread(action, "norm")?;
     let (mut params, inputs) = norm_operands(&ins, affine, bias);
     let eps = lit(eps)?;
-    if let Some(splits) = norm_splits(c, n * spatial, block).filter(|_| spatial > 1) {
+    let team =
+        team_splits(c, n * spatial, block, spatial.is_multiple_of(4)).filter(|_| spatial > 1);
+    if let Some(splits) =
+        team.or_else(|| norm_splits(c, n * spatial, block).filter(|_| spatial > 1))
+    {
         let norm = SplitNorm {
             what: "batch norm (batch statistics)".into(),
             groups: c,
@@ -1495,6 +1648,8 @@ fn batch_norm(
             } else {
                 format!("((k / {spatial}LL) * {c}LL + r) * {spatial}LL + k % {spatial}LL")
             },
+            run: spatial,
+            team: team.is_some(),
             channel: "r".into(),
             rms: false,
             eps: eps.clone(),
