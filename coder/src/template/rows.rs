@@ -146,10 +146,7 @@ fn compensated_sum(
 /// value per warp through shared memory, which every warp then reduces
 /// again, so that every thread (not only warp 0) holds the result.
 pub(super) fn block_reduce(src: &mut String, var: &str, op: &str, identity: &str) {
-    let _ = writeln!(
-        src,
-        "        for (int off = 16; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}"
-    );
+    warp_reduce(src, var, op);
     let _ = writeln!(
         src,
         "        if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = {var};"
@@ -159,10 +156,7 @@ pub(super) fn block_reduce(src: &mut String, var: &str, op: &str, identity: &str
         src,
         "        {var} = (threadIdx.x & 31) < (blockDim.x >> 5) ? shared[threadIdx.x & 31] : {identity};"
     );
-    let _ = writeln!(
-        src,
-        "        for (int off = 16; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}"
-    );
+    warp_reduce(src, var, op);
     src.push_str("        __syncthreads();\n");
 }
 
@@ -567,9 +561,17 @@ const SHORT_ROW: u64 = 1024;
 /// Warp-wide combine of `var` with `op` (a, b) by shuffles; every lane
 /// holds the result.
 fn warp_reduce(src: &mut String, var: &str, op: &str) {
+    lanes_reduce(src, var, op, 32);
+}
+
+/// Combine `var` with `op` (a, b) across each aligned group of `lanes`
+/// lanes (a power of two up to 32) by shuffles: every lane of the group
+/// ends with the result.
+fn lanes_reduce(src: &mut String, var: &str, op: &str, lanes: u64) {
     let _ = writeln!(
         src,
-        "        for (int off = 16; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}"
+        "        for (int off = {}; off > 0; off >>= 1) {{ float a = {var}, b = __shfl_xor_sync(0xffffffffu, {var}, off); {var} = {op}; }}",
+        lanes / 2
     );
 }
 
@@ -1115,11 +1117,7 @@ impl RegisterNorm {
             if threads > 32 {
                 block_reduce(src, var, "a + b", "0.0f");
             } else if threads > 1 {
-                let _ = writeln!(
-                    src,
-                    "        for (int off = {}; off > 0; off >>= 1) {var} += __shfl_xor_sync(0xffffffffu, {var}, off);",
-                    threads / 2
-                );
+                lanes_reduce(src, var, "a + b", threads);
             }
         };
         if self.rms {
