@@ -5,6 +5,8 @@
 //! replies are rolled back, a wrong kernel is repaired from the verdict,
 //! and a dead endpoint stops the coder cleanly.
 
+mod common;
+
 use std::sync::Arc;
 
 use mtmc_actions::DType;
@@ -28,15 +30,11 @@ fn graph() -> OpGraph {
     compile("y = relu(x) * 2", &b).unwrap()
 }
 
+/// Every computing node as one region, under the action `kind`.
 fn fuse(g: &OpGraph, kind: ActionKind) -> Action {
     Action {
         kind,
-        region: g
-            .nodes()
-            .filter(|(_, n)| !n.op.is_source())
-            .map(|(id, _)| id.index() as u32)
-            .collect(),
-        params: Params::default(),
+        ..common::fuse_all(g, Params::default())
     }
 }
 

@@ -22,19 +22,6 @@ fn graph(src: &str, shapes: &str) -> OpGraph {
     compile(src, &b).unwrap()
 }
 
-/// Every computing node of the graph, as one fused region.
-fn fuse_all(g: &OpGraph, params: Params) -> Action {
-    Action {
-        kind: ActionKind::Fuse,
-        region: g
-            .nodes()
-            .filter(|(_, n)| !n.op.is_source())
-            .map(|(id, _)| id.index() as u32)
-            .collect(),
-        params,
-    }
-}
-
 #[track_caller]
 fn compiles(f: &Fragment) {
     let r = mtmc_env::nvrtc::compile(
@@ -51,6 +38,7 @@ fn compiles(f: &Fragment) {
 }
 
 mod common;
+use common::fuse_all;
 
 #[test]
 fn every_pointwise_function_compiles() {

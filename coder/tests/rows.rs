@@ -13,7 +13,7 @@ use mtmc_coder::program::Program;
 use mtmc_coder::template::TemplateCoder;
 
 mod common;
-use common::{compiles, traced};
+use common::{compiles, fuse_all, traced};
 
 fn graph(src: &str, shapes: &str) -> OpGraph {
     let b = Bindings {
@@ -241,16 +241,8 @@ fn norms_and_softmax_take_a_chain_in_front_and_one_after_in_one_kernel() {
         ),
     ] {
         let g = graph(intent, shapes);
-        let region: Vec<u32> = g
-            .nodes()
-            .filter(|(_, n)| !n.op.is_source())
-            .map(|(id, _)| id.index() as u32)
-            .collect();
-        let action = Action {
-            kind: ActionKind::Fuse,
-            region: region.clone(),
-            params: Params::default(),
-        };
+        let action = fuse_all(&g, Params::default());
+        let region = action.region.clone();
         let f = TemplateCoder
             .realize(&Program::default(), &g, &action)
             .unwrap();
@@ -512,15 +504,7 @@ fn softmax_over_long_rows_keeps_each_row_in_a_clusters_shared_memory() {
         );
     }
     let g = graph("y = softmax(relu(x) * 2.0, dim=1)", "x=16x65536");
-    let action = Action {
-        kind: ActionKind::Fuse,
-        region: g
-            .nodes()
-            .filter(|(_, n)| !n.op.is_source())
-            .map(|(id, _)| id.index() as u32)
-            .collect(),
-        params: Params::default(),
-    };
+    let action = fuse_all(&g, Params::default());
     let f = TemplateCoder
         .realize(&Program::default(), &g, &action)
         .unwrap();
@@ -726,16 +710,7 @@ fn global_pooling_is_a_row_reduction_read_by_whole_blocks() {
 fn a_pointwise_chain_read_only_by_a_row_kernel_is_fused_in_front_of_it() {
     // MSE written out: (a - b) ** 2, then a mean over everything.
     let g = traced(1, "94_MSELoss");
-    let region: Vec<u32> = g
-        .nodes()
-        .filter(|(_, n)| !n.op.is_source())
-        .map(|(id, _)| id.index() as u32)
-        .collect();
-    let action = Action {
-        kind: ActionKind::Fuse,
-        region,
-        params: Params::default(),
-    };
+    let action = fuse_all(&g, Params::default());
     let f = TemplateCoder
         .realize(&Program::default(), &g, &action)
         .unwrap();

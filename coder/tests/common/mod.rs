@@ -22,6 +22,20 @@ pub fn traced(level: u64, name: &str) -> OpGraph {
     mtmc_actions::import::import_trace(&t).unwrap().graph
 }
 
+/// Every computing node of the graph, as one fused region.
+#[allow(dead_code)]
+pub fn fuse_all(g: &OpGraph, params: Params) -> Action {
+    Action {
+        kind: ActionKind::Fuse,
+        region: g
+            .nodes()
+            .filter(|(_, n)| !n.op.is_source())
+            .map(|(id, _)| id.index() as u32)
+            .collect(),
+        params,
+    }
+}
+
 /// The template coder's kernel for the first node whose op `is`, as a
 /// custom kernel at the default launch parameters.
 #[allow(dead_code)]
