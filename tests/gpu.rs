@@ -69,6 +69,21 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
             "y = relu(rms_norm(x, g, dim=-1)) - 0.5",
             "x=2048x15876,g=15876",
         ),
+        // A residual after the norm: the norm passes its input, held in
+        // registers, to the chain (a warp's part of a row, a block per
+        // row, a team per row).
+        (
+            "y = x + tanh(layer_norm(x, w, b, dim=-1))",
+            "x=4096x64,w=64,b=64",
+        ),
+        (
+            "y = x + tanh(layer_norm(x, w, b, dim=-1))",
+            "x=300x4000,w=4000,b=4000",
+        ),
+        (
+            "y = x + tanh(layer_norm(x, w, b, dim=-1))",
+            "x=64x65536,w=65536,b=65536",
+        ),
         ("y = sum(x, dim=0)", "x=2048x512"),
         // Scans of many rows: a warp per row, with 16-byte loads (rows of
         // 1000) or through the fused chain (rows of 1001).
@@ -117,26 +132,29 @@ fn kernelbench() -> String {
     })
 }
 
+/// `mtmc optimize PROBLEM` (a shared KernelBench problem) into a folder
+/// of `dir`; its standard output.
+fn optimize_problem(dir: &std::path::Path, problem: &str) -> String {
+    let out = dir.join(problem.replace('/', "_"));
+    mtmc(&[
+        "optimize",
+        problem,
+        "--kernelbench",
+        &kernelbench(),
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .success()
+    .stdout
+}
+
 #[test]
 fn convolutions_become_correct_kernels_where_the_reference_is_exact_float32() {
     if !gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let problems = kernelbench();
-    let optimize = |problem: &str| {
-        let out = dir.path().join(problem.replace('/', "_"));
-        mtmc(&[
-            "optimize",
-            problem,
-            "--kernelbench",
-            &problems,
-            "--out",
-            out.to_str().unwrap(),
-        ])
-        .success()
-        .stdout
-    };
+    let optimize = |problem: &str| optimize_problem(dir.path(), problem);
     // 8 input channels: cuDNN's reference is exact float32, and the
     // implicit-GEMM kernel with ReLU and HardSwish fused after it is judged
     // correct by the worker.
@@ -150,4 +168,25 @@ fn convolutions_become_correct_kernels_where_the_reference_is_exact_float32() {
         "{s}"
     );
     assert!(!s.contains("gemm: incorrect"), "{s}");
+}
+
+#[test]
+fn pooling_is_correct_staged_in_shared_memory_and_walked() {
+    if !gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // L1/46 (3-d average, stride 2): staged at 1 and 2 columns a thread,
+    // walked at 4; L1/41 (1-d max, dilation 3) and L1/42 (2-d max, 4 rows
+    // a thread) staged; L1/45 (11 x 11 windows) walked. Every variant is
+    // judged against the reference, none may be wrong.
+    for problem in ["L1/46", "L1/41", "L1/42", "L1/45"] {
+        let s = optimize_problem(dir.path(), problem);
+        assert!(
+            s.contains("judged by the worker against the PyTorch model"),
+            "{problem}: {s}"
+        );
+        assert!(s.matches(": correct, ").count() >= 4, "{problem}: {s}");
+        assert!(!s.contains("incorrect"), "{problem}: {s}");
+    }
 }

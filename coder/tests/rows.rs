@@ -156,7 +156,7 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
                 "y = layer_norm(x, w, b, dim=-1)",
                 "x=300x4000,w=4000,b=4000",
             ),
-            "(v_[j] - mean) * rstd * w[k] + b[k]);",
+            "STORE_YX(xr + k, (v_[j] - mean) * rstd * w[k] + b[k], v_[j]);",
         ),
         (
             graph("y = layer_norm(x, w, b, dim=-1)", "x=1000x10,w=10,b=10"),
@@ -253,7 +253,7 @@ fn norms_and_softmax_take_a_chain_in_front_and_one_after_in_one_kernel() {
         assert!(f.source.contains("#define MTMC_EPILOGUE"), "{}", f.source);
         assert!(
             f.source
-                .contains("#define STORE_Y(i, v) (y[(i)] = k0_rows_e((i), (v), pe0))"),
+                .contains("#define EPI_Y(i, v, xv) k0_rows_e((i), (v), pe0)\n#define STORE_Y(i, v) (y[(i)] = EPI_Y(i, v, 0.0f))"),
             "{}",
             f.source
         );
@@ -287,121 +287,285 @@ fn norms_and_softmax_take_a_chain_in_front_and_one_after_in_one_kernel() {
 }
 
 #[test]
+fn a_residual_after_a_norm_takes_the_input_the_norm_holds() {
+    // `x + tanh(norm(x))`: the chain after the norm reads the norm's own
+    // input at the element it writes. Kernels holding it in registers
+    // pass it (`STORE_YX`, `EPI_Y`); the others' `STORE_Y` reads it
+    // through `LOAD_X`, next to their own read; no pointer to it is passed
+    // to the chain.
+    for (shapes, holds) in [
+        // A warp's part per row, in registers.
+        ("x=4096x64,w=64,b=64", Some("STORE_YX(")),
+        // A block per row, in registers.
+        ("x=300x4000,w=4000,b=4000", Some("STORE_YX(")),
+        // A team of blocks per row, 16 bytes at a time.
+        ("x=64x65536,w=65536,b=65536", Some("EPI_Y(at + 3, ")),
+        // Two launches: the normalizing one reads x again.
+        ("x=2x16777216,w=16777216,b=16777216", None),
+    ] {
+        let g = graph("y = x + tanh(layer_norm(x, w, b, dim=-1))", shapes);
+        let action = fuse_all(&g, Params::default());
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f, shapes);
+        for item in [
+            "__device__ __forceinline__ float k0_rows_e(long long i, float v, float xv) {",
+            "#define EPI_Y(i, v, xv) k0_rows_e((i), (v), (xv))",
+            "#define STORE_Y(i, v) STORE_YX(i, v, LOAD_X(i))",
+        ] {
+            assert!(f.source.contains(item), "{shapes}: {item}\n{}", f.source);
+        }
+        assert!(!f.source.contains("pe0"), "{shapes}:\n{}", f.source);
+        if let Some(call) = holds {
+            assert!(f.source.contains(call), "{shapes}: {call}\n{}", f.source);
+        }
+        // x, the scale and the shift; nothing for the chain.
+        assert_eq!(f.inputs.len(), 3, "{shapes}");
+    }
+}
+#[test]
 fn max_and_average_pooling_compile_with_torchs_divisor() {
-    // A thread walks as many outputs' windows together as the vector width
-    // (1, 2 or 4), taps outside the input predicated off; 32-bit indices
-    // (every output here has fewer than 2^30 elements; the case with more
-    // is below).
-    for (name, divisor) in [
-        ("41_Max_Pooling_1D", "y[i] = acc[u];"),
-        ("42_Max_Pooling_2D", "y[i] = acc[u];"),
+    // Where the tile fits, a block stages its outputs' inputs in shared
+    // memory and a thread takes the vector width's columns of 1–2 planes x
+    // 1–4 rows; otherwise (L1/45's windows of 11 x 11, 11 apart; L1/46 at 4
+    // columns a thread) a thread walks that many outputs' windows
+    // together, taps outside the input predicated off, 32-bit indices.
+    const WALK: &str = "1, 2 or 4 outputs";
+    // Each problem's divisor, staged and walked, and its path at each
+    // vector width.
+    type Paths = [(u32, &'static str); 3];
+    let cases: [(&str, &str, &str, Paths); 5] = [
+        (
+            "41_Max_Pooling_1D",
+            "= acc[u][jd][jh];",
+            "",
+            [
+                (1, "1 x 1 outputs"),
+                (2, "1 x 1 outputs"),
+                (4, "1 x 1 outputs"),
+            ],
+        ),
+        // 4 rows a thread: each staged input read once for up to 4 windows.
+        (
+            "42_Max_Pooling_2D",
+            "= acc[u][jd][jh];",
+            "",
+            [
+                (1, "1 x 4 outputs"),
+                (2, "1 x 4 outputs"),
+                (4, "1 x 4 outputs"),
+            ],
+        ),
         // count_include_pad: the window clipped to the padded input.
         (
             "44_Average_Pooling_1D",
-            "y[i] = acc[u] / (float)((e0 - s[u][0]));",
+            "acc[u][jd][jh] / (float)((e0 - s0));",
+            "",
+            [
+                (1, "1 x 1 outputs"),
+                (2, "1 x 1 outputs"),
+                (4, "1 x 1 outputs"),
+            ],
         ),
         (
             "45_Average_Pooling_2D",
+            "",
             "y[i] = acc[u] / (float)((e0 - s[u][0]) * (e1 - s[u][1]));",
+            [(1, WALK), (2, WALK), (4, WALK)],
         ),
         (
             "46_Average_Pooling_3D",
+            "acc[u][jd][jh] / (float)((e0 - s0) * (e1 - s1) * (e2 - s2));",
             "y[i] = acc[u] / (float)((e0 - s[u][0]) * (e1 - s[u][1]) * (e2 - s[u][2]));",
+            [(1, "2 x 2 outputs"), (2, "2 x 1 outputs"), (4, WALK)],
         ),
-    ] {
+    ];
+    for (name, staged, walked, paths) in cases {
         let g = traced(1, name);
         let node = g
             .nodes()
             .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Pool(_)))
             .unwrap()
             .0;
-        for vector in [1, 2, 4, 3] {
+        let realize = |vector| {
             let action = Action {
                 kind: ActionKind::CustomKernel,
                 region: vec![node.index() as u32],
                 params: Params { block: 256, vector },
             };
-            let f = TemplateCoder.realize(&Program::default(), &g, &action);
-            if vector == 3 {
-                let refusal = f.unwrap_err().to_string();
-                assert!(refusal.contains("1, 2 or 4 outputs"), "{refusal}");
+            TemplateCoder.realize(&Program::default(), &g, &action)
+        };
+        let refusal = realize(3).unwrap_err().to_string();
+        assert!(refusal.contains(WALK), "{refusal}");
+        for (vector, path) in paths {
+            let what = format!("{name} x{vector}");
+            let f = realize(vector).unwrap();
+            assert!(f.name.ends_with("_pool"));
+            compiles(&f, &what);
+            let outputs = f.launch.sizes[0] as u64;
+            if path == WALK {
+                let live = format!("bool live[{vector}];");
+                for item in [walked, "int rest = live[u] ? i : 0;", &live] {
+                    assert!(f.source.contains(item), "{what}: {item}\n{}", f.source);
+                }
+                // A block's threads take the first output of each of
+                // their groups of `vector`, a block apart.
+                assert_eq!(
+                    u64::from(f.launch.grid),
+                    outputs.div_ceil(256 * u64::from(vector)).clamp(1, 132 * 8),
+                    "{what}"
+                );
                 continue;
             }
-            let f = f.unwrap();
-            assert!(f.name.ends_with("_pool"));
-            compiles(&f, &format!("{name} x{vector}"));
-            let live = format!("bool live[{vector}];");
-            for item in [divisor, "int rest = live[u] ? i : 0;", &live] {
-                assert!(f.source.contains(item), "{name}: {item}\n{}", f.source);
+            let columns = format!("a thread takes {vector} column(s)");
+            for item in [
+                staged,
+                "staged:",
+                &columns,
+                path,
+                "__shared__ __align__(16) float tile[",
+                "v = *reinterpret_cast<const float4*>(src + w);",
+            ] {
+                assert!(f.source.contains(item), "{what}: {item}\n{}", f.source);
             }
-            // A block's threads take the first output of each of their
-            // groups of `vector`, a block apart.
-            assert_eq!(
-                u64::from(f.launch.grid),
-                (f.launch.sizes[0] as u64)
-                    .div_ceil(256 * u64::from(vector))
-                    .clamp(1, 132 * 8),
-                "{name} x{vector}"
+            // A block a tile: at least as many outputs as the blocks'
+            // threads' columns cover, at most twice as many.
+            let covered = u64::from(f.launch.grid) * 256 * u64::from(vector);
+            let taken = match path {
+                "1 x 4 outputs" => 4,
+                "2 x 2 outputs" => 4,
+                "2 x 1 outputs" => 2,
+                _ => 1,
+            };
+            assert!(
+                covered * taken >= outputs && covered * taken <= 2 * outputs,
+                "{what}: {} blocks for {outputs} outputs",
+                f.launch.grid
             );
         }
     }
-    // L1/41's dilated taps: 3 apart.
+    // L1/41's dilated taps: 3 apart in the staged row.
     let g = traced(1, "41_Max_Pooling_1D");
     let f = common::realize_first(&g, |op| matches!(op, mtmc_actions::op::Op::Pool(_))).unwrap();
-    assert!(
-        f.source.contains("const int p0 = s[u][0] + k0 * 3;"),
-        "{}",
-        f.source
-    );
+    assert!(f.source.contains("* 1 + k * 3];"), "{}", f.source);
 }
 
-#[test]
-fn pooling_with_more_than_2_pow_30_outputs_indexes_in_64_bits() {
+/// A graph of one pooling node over `shape` (its output `out`).
+fn pool_graph(shape: Vec<u64>, out: Vec<u64>, pool: mtmc_actions::op::Pool) -> OpGraph {
     use mtmc_actions::TensorType;
     use mtmc_actions::graph::TensorRef;
-    use mtmc_actions::op::{Op, Pool};
-    // A 3x3 max pool, stride 1, padding 1, over 16 x 64 x 1024 x 1100:
-    // 1.15 G outputs.
-    let shape = vec![16, 64, 1024, 1100];
+    use mtmc_actions::op::Op;
     let mut g = OpGraph::new();
     let x = g
         .add(
             "x",
             Op::Input { name: "x".into() },
             &[],
-            vec![TensorType::new(shape.clone(), DType::F32)],
-        )
-        .unwrap();
-    let pool = Op::Pool(Pool {
-        max: true,
-        spatial: 2,
-        kernel: vec![3, 3],
-        stride: vec![1, 1],
-        padding: vec![1, 1],
-        dilation: vec![1, 1],
-        ceil_mode: false,
-        count_include_pad: true,
-        channels_last: false,
-    });
-    let y = g
-        .add(
-            "pool",
-            pool,
-            &[TensorRef::first(x)],
             vec![TensorType::new(shape, DType::F32)],
         )
         .unwrap();
+    let y = g
+        .add(
+            "pool",
+            Op::Pool(pool),
+            &[TensorRef::first(x)],
+            vec![TensorType::new(out, DType::F32)],
+        )
+        .unwrap();
     g.set_outputs(vec![TensorRef::first(y)]);
+    g
+}
+
+/// A 2-d pooling op, channels first: square kernel, stride, padding.
+fn pool_2d(
+    max: bool,
+    kernel: u64,
+    stride: u64,
+    padding: u64,
+    include_pad: bool,
+) -> mtmc_actions::op::Pool {
+    mtmc_actions::op::Pool {
+        max,
+        spatial: 2,
+        kernel: vec![kernel; 2],
+        stride: vec![stride; 2],
+        padding: vec![padding; 2],
+        dilation: vec![1, 1],
+        ceil_mode: false,
+        count_include_pad: include_pad,
+        channels_last: false,
+    }
+}
+
+/// The kernel for one pooling op over `shape` (its output `out`), which
+/// must compile and hold each of `items`.
+fn pooled(shape: Vec<u64>, out: Vec<u64>, pool: mtmc_actions::op::Pool, items: &[&str]) -> String {
+    let g = pool_graph(shape, out, pool);
     let f = TemplateCoder
         .realize(&Program::default(), &g, &last_node(&g))
         .unwrap();
-    compiles(&f, "wide max pool");
-    for wide in [
-        "long long rest = live[u] ? i : 0;",
-        "const long long count = (long long)n;",
-    ] {
-        assert!(f.source.contains(wide), "{wide}:\n{}", f.source);
+    compiles(&f, &format!("{:?}", f.source.lines().next()));
+    for item in items {
+        assert!(f.source.contains(item), "{item}:\n{}", f.source);
     }
+    f.source
+}
+
+#[test]
+fn pooling_with_more_than_2_pow_30_outputs_indexes_in_64_bits() {
+    use mtmc_actions::op::Pool;
+    // A 3x3 max pool, stride 1, padding 1, over 16 x 64 x 1024 x 1100:
+    // 1.15 G outputs. Staged: a plane's start and each output's index are
+    // 64-bit, coordinates within a plane 32-bit.
+    let pool = pool_2d(true, 3, 1, 1, true);
+    let shape = vec![16, 64, 1024, 1100];
+    pooled(
+        shape.clone(),
+        shape,
+        pool.clone(),
+        &[
+            "const long long plane = r / 1;",
+            "const float* p = x + plane * 1126400LL;",
+            "y[((plane * 1 + od) * 1024 + oh) * 1100 + ow]",
+        ],
+    );
+    // Channels last, the walk: every index 64-bit.
+    let shape = vec![16, 1024, 1100, 64];
+    let last = Pool {
+        channels_last: true,
+        ..pool
+    };
+    pooled(
+        shape.clone(),
+        shape,
+        last,
+        &[
+            "long long rest = live[u] ? i : 0;",
+            "const long long count = (long long)n;",
+        ],
+    );
+}
+
+#[test]
+fn staged_average_pooling_without_the_padding_counts_the_taps_inside() {
+    // A 3x3 average pool, stride 2, padding 1, count_include_pad off, over
+    // rows of 30 (not a multiple of 4: the staging copies element by
+    // element).
+    let source = pooled(
+        vec![8, 16, 30, 30],
+        vec![8, 16, 15, 15],
+        pool_2d(false, 3, 2, 1, false),
+        &[
+            "staged:",
+            "n0 += s0 + k * 1 >= 0 && s0 + k * 1 < 30;",
+            "acc[u][jd][jh] / (float)(n0 * n1);",
+        ],
+    );
+    assert!(
+        !source.contains("reinterpret_cast<const float4*>"),
+        "{source}"
+    );
 }
 
 #[test]

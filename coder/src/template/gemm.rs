@@ -298,7 +298,7 @@ impl Fused {
         let epi = if chain.is_empty() {
             None
         } else {
-            Some(epilogue(g, &chain, out, name)?)
+            Some(epilogue(g, &chain, out, None, name)?)
         };
         Ok(Fused {
             node,

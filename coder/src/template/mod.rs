@@ -60,8 +60,12 @@ fn one_per_thread(action: &Action, family: &str) -> Result<u32, Refusal> {
 const LOAD_X: &str = "#define LOAD_X(i) (x[(i)])";
 
 /// How a kernel writes element `i` of its result `y` when nothing is
-/// fused after it (norms, softmax).
-const STORE_Y: &str = "#define STORE_Y(i, v) (y[(i)] = (v))";
+/// fused after it (norms, softmax). A kernel holding element `i` of its
+/// input may write through `STORE_YX(i, v, xv)` instead, so that a chain
+/// after it that reads the input there (a residual) need not load it;
+/// `EPI_Y(i, v, xv)` is the value either writes (for kernels that store
+/// 16 bytes at a time).
+const STORE_Y: &str = "#define STORE_Y(i, v) (y[(i)] = (v))\n#define STORE_YX(i, v, xv) STORE_Y(i, v)\n#define EPI_Y(i, v, xv) (v)";
 
 /// A float literal CUDA reads back exactly (as f32).
 fn lit(v: f64) -> Result<String, Refusal> {
@@ -90,10 +94,13 @@ fn one_node(
     } else {
         source
     };
-    // Norms and softmax write through `STORE_Y(index, value)`, so that a
-    // pointwise epilogue can be fused in by redefining it.
-    let source = if source.contains("STORE_Y(") {
-        format!("{STORE_Y}\n{source}#undef STORE_Y\n#undef MTMC_EPILOGUE\n")
+    // Norms and softmax write through `STORE_Y(index, value)` (or
+    // `STORE_YX`, `EPI_Y`), so that a pointwise epilogue can be fused in
+    // by redefining them.
+    let source = if source.contains("STORE_Y") || source.contains("EPI_Y(") {
+        format!(
+            "{STORE_Y}\n{source}#undef STORE_Y\n#undef STORE_YX\n#undef EPI_Y\n#undef MTMC_EPILOGUE\n"
+        )
     } else {
         source
     };
@@ -156,7 +163,8 @@ impl TemplateCoder {
             }
             if !after.is_empty() {
                 let given = mtmc_actions::graph::TensorRef::first(row);
-                let epi = pointwise::epilogue(g, after, given, &f.name)?;
+                let input = g.inputs(row).first().copied();
+                let epi = pointwise::epilogue(g, after, given, input, &f.name)?;
                 f = fuse_epilogue(f, epi, after.to_vec(), action)?;
             }
             Ok(f)
@@ -184,10 +192,25 @@ fn fuse_epilogue(
         .map(|k| format!("const float* __restrict__ pe{k}, "))
         .collect();
     let args: String = (0..epi.inputs.len()).map(|k| format!(", pe{k}")).collect();
-    let store = format!(
-        "#define STORE_Y(i, v) (y[(i)] = {}_e((i), (v){args}))\n#define MTMC_EPILOGUE",
-        f.name
-    );
+    let name = &f.name;
+    // A chain that reads the kernel's input at `i` takes it from the
+    // kernel (`STORE_YX`'s `xv`, or `LOAD_X(i)`, which the kernel has
+    // mostly just read itself).
+    if epi.raw && !f.source.contains("LOAD_X(") {
+        return Err(Refusal::new(format!(
+            "{} does not read its input through LOAD_X, which the chain after it reads",
+            f.name
+        )));
+    }
+    let store = if epi.raw {
+        format!(
+            "#define EPI_Y(i, v, xv) {name}_e((i), (v), (xv){args})\n#define STORE_YX(i, v, xv) (y[(i)] = EPI_Y(i, v, xv))\n#define STORE_Y(i, v) STORE_YX(i, v, LOAD_X(i))\n#define MTMC_EPILOGUE"
+        )
+    } else {
+        format!(
+            "#define EPI_Y(i, v, xv) {name}_e((i), (v){args})\n#define STORE_Y(i, v) (y[(i)] = EPI_Y(i, v, 0.0f))\n#define STORE_YX(i, v, xv) STORE_Y(i, v)\n#define MTMC_EPILOGUE"
+        )
+    };
     f.source = format!(
         "{}{}",
         epi.source,

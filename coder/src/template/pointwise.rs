@@ -270,7 +270,7 @@ pub fn prologue(
         "__device__ __forceinline__ float {name}_x(long long i, {}) {{",
         params.join(", ")
     );
-    src += &chain_lines(g, chain, &inputs, None, "px", &full)?;
+    src += &chain_lines(g, chain, &inputs, None, None, "px", &full)?;
     let _ = writeln!(src, "    return t{};\n}}", output.node.index());
     Ok(Prologue {
         source: src,
@@ -300,6 +300,7 @@ fn chain_lines(
     chain: &[NodeId],
     inputs: &[TensorRef],
     given: Option<TensorRef>,
+    raw: Option<TensorRef>,
     ptr: &str,
     full: &[u64],
 ) -> Result<String, Refusal> {
@@ -323,6 +324,9 @@ fn chain_lines(
     if let Some(t) = given {
         names.insert(t, "v".into());
     }
+    if let Some(t) = raw {
+        names.insert(t, "xv".into());
+    }
     for (k, (&t, off)) in inputs.iter().zip(&offsets).enumerate() {
         let _ = writeln!(src, "    float v{k} = {ptr}{k}[{off}];");
         names.insert(t, format!("v{k}"));
@@ -339,23 +343,30 @@ fn chain_lines(
 /// A pointwise chain fused after a kernel whose result `given` it reads:
 /// a device function `{name}_e(i, v, pe0, …)` computing element `i` of
 /// the chain's result from `v`, element `i` of `given`, and the chain's
-/// other inputs (`pe0`, … in order).
+/// other inputs (`pe0`, … in order). When the chain also reads element
+/// `i` of the kernel's own input (a residual), the kernel passes that
+/// value, which it holds, as `xv`: `{name}_e(i, v, xv, pe0, …)`.
 pub struct Epilogue {
     /// The device function's source.
     pub source: String,
-    /// The chain's inputs other than `given`, in parameter order.
+    /// The chain's inputs other than `given` (and the kernel's input
+    /// when it comes as `xv`), in parameter order.
     pub inputs: Vec<TensorRef>,
+    /// Whether the function takes the kernel's input value `xv`.
+    pub raw: bool,
     /// The chain's result, which the fused kernel writes.
     pub output: TensorRef,
 }
 
 /// The epilogue for `chain` (in order) after the kernel computing
 /// `given`, which only the chain reads; the chain's one result has
-/// `given`'s shape.
+/// `given`'s shape. `raw` is the kernel's input when the kernel can pass
+/// its element `i` (it has `given`'s shape, element for element).
 pub fn epilogue(
     g: &OpGraph,
     chain: &[NodeId],
     given: TensorRef,
+    raw: Option<TensorRef>,
     name: &str,
 ) -> Result<Epilogue, Refusal> {
     fusable_chain(g, chain, "after")?;
@@ -378,7 +389,11 @@ pub fn epilogue(
             g.tensor(output)
         )));
     }
-    let inputs: Vec<TensorRef> = inputs.into_iter().filter(|&t| t != given).collect();
+    let raw = raw.filter(|&t| inputs.contains(&t) && t != given && shape(g, t) == full);
+    let inputs: Vec<TensorRef> = inputs
+        .into_iter()
+        .filter(|&t| t != given && Some(t) != raw)
+        .collect();
     for &t in &inputs {
         if g.tensor(t).dtype != DType::F32 || !broadcasts(&shape(g, t), &full) {
             return Err(Refusal::new(format!(
@@ -388,8 +403,10 @@ pub fn epilogue(
             )));
         }
     }
-    let params: Vec<String> = ["long long i".to_string(), "float v".to_string()]
+    let params: Vec<String> = ["long long i", "float v"]
         .into_iter()
+        .chain(raw.map(|_| "float xv"))
+        .map(str::to_string)
         .chain((0..inputs.len()).map(|k| format!("const float* __restrict__ pe{k}")))
         .collect();
     let mut src = String::new();
@@ -403,11 +420,12 @@ pub fn epilogue(
         "__device__ __forceinline__ float {name}_e({}) {{",
         params.join(", ")
     );
-    src += &chain_lines(g, chain, &inputs, Some(given), "pe", &full)?;
+    src += &chain_lines(g, chain, &inputs, Some(given), raw, "pe", &full)?;
     let _ = writeln!(src, "    return t{};\n}}", output.node.index());
     Ok(Epilogue {
         source: src,
         inputs,
+        raw: raw.is_some(),
         output,
     })
 }

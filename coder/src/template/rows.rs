@@ -1148,7 +1148,7 @@ impl RegisterNorm {
         );
         let _ = writeln!(
             src,
-            "{each} if (live && k < K) STORE_Y(xr + k, (v_[j] - mean) * rstd{scale}{shift}); }}\n    }}\n}}"
+            "{each} if (live && k < K) STORE_YX(xr + k, (v_[j] - mean) * rstd{scale}{shift}, v_[j]); }}\n    }}\n}}"
         );
         let launch = Launch {
             shared: 0,
@@ -1393,12 +1393,12 @@ impl SplitNorm {
         if vec4 {
             let _ = writeln!(
                 src,
-                "{each}\n        if (k < hi) {{\n            const long long at = {address};\n#ifdef MTMC_EPILOGUE\n            STORE_Y(at, norm_(k, v_[i].x)); STORE_Y(at + 1, norm_(k + 1, v_[i].y)); STORE_Y(at + 2, norm_(k + 2, v_[i].z)); STORE_Y(at + 3, norm_(k + 3, v_[i].w));\n#else\n            __stcs(reinterpret_cast<float4*>(y + at), make_float4(norm_(k, v_[i].x), norm_(k + 1, v_[i].y), norm_(k + 2, v_[i].z), norm_(k + 3, v_[i].w)));\n#endif\n        }}\n    }}"
+                "{each}\n        if (k < hi) {{\n            const long long at = {address};\n            __stcs(reinterpret_cast<float4*>(y + at), make_float4(EPI_Y(at, norm_(k, v_[i].x), v_[i].x), EPI_Y(at + 1, norm_(k + 1, v_[i].y), v_[i].y), EPI_Y(at + 2, norm_(k + 2, v_[i].z), v_[i].z), EPI_Y(at + 3, norm_(k + 3, v_[i].w), v_[i].w)));\n        }}\n    }}"
             );
         } else {
             let _ = writeln!(
                 src,
-                "{each} if (k < hi) STORE_Y({address}, norm_(k, v_[i])); }}"
+                "{each} if (k < hi) STORE_YX({address}, norm_(k, v_[i]), v_[i]); }}"
             );
         }
         // Out: the last of the group resets its counts, the last of the
