@@ -273,13 +273,27 @@ fn torch_fallback(
             prod,
             dim,
             reverse,
-            exclusive: false,
+            exclusive,
         }) => {
             let f = if *prod { "cumprod" } else { "cumsum" };
-            if *reverse {
-                format!("torch.{f}({x}.flip({dim}), dim={dim}).flip({dim})")
+            let mut s = if *reverse {
+                format!("{x}.flip({dim})")
             } else {
-                format!("torch.{f}({x}, dim={dim})")
+                x.to_string()
+            };
+            if *exclusive {
+                // The inclusive scan of the input shifted one place along
+                // the scan, the identity first.
+                let identity = if *prod { "1.0" } else { "0.0" };
+                s = format!(
+                    "torch.cat([torch.full_like({s}.narrow({dim}, 0, 1), {identity}), {s}.narrow({dim}, 0, {s}.size({dim}) - 1)], dim={dim})"
+                );
+            }
+            let scanned = format!("torch.{f}({s}, dim={dim})");
+            if *reverse {
+                format!("{scanned}.flip({dim})")
+            } else {
+                scanned
             }
         }
         Op::Norm(Norm {

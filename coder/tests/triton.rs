@@ -12,7 +12,7 @@ use mtmc_actions::DType;
 use mtmc_actions::dtype::TensorType;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::intent::{Bindings, compile, parse_shapes};
-use mtmc_actions::op::{Norm, NormKind, Op, OpClass};
+use mtmc_actions::op::{Loss, LossKind, Norm, NormKind, Op, OpClass, Pool, Reduction};
 use mtmc_coder::MicroCoder;
 use mtmc_coder::action::{Action, ActionKind, Params};
 use mtmc_coder::export::to_model_new;
@@ -129,6 +129,70 @@ fn triu_graph(shape: &[u64]) -> OpGraph {
     g
 }
 
+/// `x` of `shape` pooled by `pool` to `out`.
+fn pool_graph(shape: &[u64], out: &[u64], pool: Pool) -> OpGraph {
+    let mut g = OpGraph::new();
+    let t = |s: &[u64]| TensorType::new(s.to_vec(), DType::F32);
+    let x = g
+        .add("x", Op::Input { name: "x".into() }, &[], vec![t(shape)])
+        .unwrap();
+    let y = g
+        .add("y", Op::Pool(pool), &[TensorRef::first(x)], vec![t(out)])
+        .unwrap();
+    g.set_outputs(vec![TensorRef::first(y)]);
+    g
+}
+
+/// A pooling op over `spatial` dims with one kernel, stride, padding and
+/// dilation for each.
+fn pool(max: bool, spatial: usize, window: [u64; 4], include_pad: bool, last: bool) -> Pool {
+    let [kernel, stride, padding, dilation] = window;
+    Pool {
+        max,
+        spatial,
+        kernel: vec![kernel; spatial],
+        stride: vec![stride; spatial],
+        padding: vec![padding; spatial],
+        dilation: vec![dilation; spatial],
+        ceil_mode: false,
+        count_include_pad: include_pad,
+        channels_last: last,
+    }
+}
+
+/// A loss over inputs of `shapes` (the second int64 for cross-entropy).
+fn loss_graph(kind: LossKind, reduction: Reduction, shapes: &[&[u64]]) -> OpGraph {
+    let mut g = OpGraph::new();
+    let ce = matches!(kind, LossKind::CrossEntropy);
+    let ins: Vec<TensorRef> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let dtype = if ce && k == 1 { DType::I64 } else { DType::F32 };
+            let name = format!("in{k}");
+            let id = g
+                .add(
+                    &name,
+                    Op::Input { name: name.clone() },
+                    &[],
+                    vec![TensorType::new(s.to_vec(), dtype)],
+                )
+                .unwrap();
+            TensorRef::first(id)
+        })
+        .collect();
+    let y = g
+        .add(
+            "loss",
+            Op::Loss(Loss { kind, reduction }),
+            &ins,
+            vec![TensorType::new(vec![], DType::F32)],
+        )
+        .unwrap();
+    g.set_outputs(vec![TensorRef::first(y)]);
+    g
+}
+
 /// The cases: a graph, and the shapes its inputs are drawn at.
 fn cases() -> Vec<(&'static str, OpGraph)> {
     vec![
@@ -183,6 +247,97 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
         (
             "instance norm",
             norm_graph(NormKind::Instance, &[2, 3, 7, 9]),
+        ),
+        (
+            "dilated max pool 2-d",
+            pool_graph(
+                &[2, 3, 17, 19],
+                &[2, 3, 8, 9],
+                pool(true, 2, [3, 2, 1, 2], true, false),
+            ),
+        ),
+        (
+            "average pool 1-d, padding not counted",
+            pool_graph(
+                &[2, 3, 50],
+                &[2, 3, 17],
+                pool(false, 1, [4, 3, 2, 1], false, false),
+            ),
+        ),
+        (
+            "average pool 3-d, padding counted",
+            pool_graph(
+                &[1, 2, 9, 8, 7],
+                &[1, 2, 5, 4, 4],
+                pool(false, 3, [3, 2, 1, 1], true, false),
+            ),
+        ),
+        (
+            "channels-last max pool 2-d",
+            pool_graph(
+                &[2, 9, 8, 5],
+                &[2, 4, 4, 5],
+                pool(true, 2, [2, 2, 0, 1], true, true),
+            ),
+        ),
+        ("cumsum of rows", graph("y = cumsum(x, dim=-1)", "x=5x3000")),
+        (
+            "cumsum of long rows, tiles and a carry",
+            graph("y = cumsum(x, dim=1)", "x=3x10000"),
+        ),
+        (
+            "exclusive reverse cumsum",
+            graph(
+                "y = cumsum(x, dim=1, reverse=true, exclusive=true)",
+                "x=6x5000",
+            ),
+        ),
+        (
+            "reverse cumprod over a middle dim",
+            graph("y = cumprod(x, dim=1, reverse=true)", "x=4x30x7"),
+        ),
+        (
+            "exclusive cumprod of rows",
+            graph("y = cumprod(x, dim=-1, exclusive=true)", "x=3x100"),
+        ),
+        (
+            "mse loss",
+            loss_graph(LossKind::Mse, Reduction::Mean, &[&[64, 1000], &[64, 1000]]),
+        ),
+        (
+            "huber loss, summed",
+            loss_graph(
+                LossKind::Huber { delta: 0.25 },
+                Reduction::Sum,
+                &[&[3000], &[3000]],
+            ),
+        ),
+        (
+            "smooth L1 loss",
+            loss_graph(
+                LossKind::SmoothL1 { beta: 0.5 },
+                Reduction::Mean,
+                &[&[5, 777], &[5, 777]],
+            ),
+        ),
+        (
+            "cross-entropy",
+            loss_graph(
+                LossKind::CrossEntropy,
+                Reduction::Mean,
+                &[&[600, 10], &[600]],
+            ),
+        ),
+        (
+            "triplet margin",
+            loss_graph(
+                LossKind::TripletMargin {
+                    margin: 1.0,
+                    p: 2.0,
+                },
+                Reduction::Mean,
+                &[&[40, 100], &[40, 100], &[40, 100]],
+            ),
         ),
     ]
 }
@@ -288,10 +443,18 @@ fn triton_programs_compute_what_torch_computes_in_the_interpreter() {
         );
         std::fs::write(&tf, &triton).unwrap();
         std::fs::write(&rf, &reference).unwrap();
+        // Float inputs in [0.5, 1.5); int64 ones (class targets) 0 or 1.
         let shapes: Vec<String> = g
             .nodes()
             .filter(|(_, n)| matches!(n.op, Op::Input { .. }))
-            .map(|(_, n)| format!("{:?}", n.outputs[0].shape))
+            .map(|(_, n)| {
+                let t = &n.outputs[0];
+                if t.dtype == DType::I64 {
+                    format!("('i', {:?})", t.shape)
+                } else {
+                    format!("('f', {:?})", t.shape)
+                }
+            })
             .collect();
         checks += &format!(
             "check({what:?}, {:?}, {:?}, [{}])\n",
@@ -301,7 +464,7 @@ fn triton_programs_compute_what_torch_computes_in_the_interpreter() {
         );
     }
     let script = format!(
-        "import os\nos.environ['TRITON_INTERPRET'] = '1'\nimport runpy, torch\nbad = []\ndef check(what, tf, rf, shapes):\n    torch.manual_seed(0)\n    args = [torch.rand(*s) + 0.5 for s in shapes]\n    got = runpy.run_path(tf)['ModelNew']()(*args)\n    want = runpy.run_path(rf)['ModelNew']()(*args)\n    if got.shape != want.shape or got.dtype != want.dtype:\n        bad.append(f'{{what}}: {{got.shape}} {{got.dtype}} vs {{want.shape}} {{want.dtype}}')\n    elif got.dtype == torch.int64:\n        if not torch.equal(got, want): bad.append(f'{{what}}: indices differ')\n    elif not torch.allclose(got, want, atol=1e-4, rtol=1e-4):\n        bad.append(f'{{what}}: max error {{(got - want).abs().max().item()}}')\n{checks}print('bad:', bad)\nassert not bad\n"
+        "import os\nos.environ['TRITON_INTERPRET'] = '1'\nimport runpy, torch\nbad = []\ndef check(what, tf, rf, shapes):\n    torch.manual_seed(0)\n    args = [torch.randint(0, 2, s) if k == 'i' else torch.rand(*s) + 0.5 for k, s in shapes]\n    got = runpy.run_path(tf)['ModelNew']()(*args)\n    want = runpy.run_path(rf)['ModelNew']()(*args)\n    if got.shape != want.shape or got.dtype != want.dtype:\n        bad.append(f'{{what}}: {{got.shape}} {{got.dtype}} vs {{want.shape}} {{want.dtype}}')\n    elif got.dtype == torch.int64:\n        if not torch.equal(got, want): bad.append(f'{{what}}: indices differ')\n    elif not torch.allclose(got, want, atol=1e-4, rtol=1e-4):\n        bad.append(f'{{what}}: max error {{(got - want).abs().max().item()}}')\n{checks}print('bad:', bad)\nassert not bad\n"
     );
     let out = std::process::Command::new(&python)
         .args(["-c", &script])
@@ -349,7 +512,7 @@ fn a_triton_fragment_that_does_not_compile_is_rolled_back_with_tritons_error() {
 
 #[test]
 fn what_the_triton_coder_cannot_write_is_refused_with_the_reason() {
-    let g = graph("y = cumsum(x, dim=-1)", "x=8x64");
+    let g = graph("y = x @ w", "x=8x64,w=64x32");
     let node = plan(&g).remove(0);
     let r = TritonCoder
         .realize(

@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use mtmc_actions::DType;
-use mtmc_actions::graph::OpGraph;
+use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::{Loss, LossKind, Op, Reduction};
 
 use super::rows::{block_reduce, combine_partials, declare_partials, step};
@@ -18,32 +18,67 @@ use super::{Refusal, WAVES, lit, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
+/// A loss node as its kernels see it.
+pub(super) struct LossView<'a> {
+    pub kind: &'a LossKind,
+    pub reduction: Reduction,
+    pub ins: Vec<TensorRef>,
+    /// The first input's shape and elements.
+    pub shape: Vec<u64>,
+    pub numel: u64,
+    /// Whether every input is float32 at the first one's shape.
+    pub same: bool,
+}
+
+impl<'a> LossView<'a> {
+    /// Loss `node`, when it reduces to a mean or a sum over a float32
+    /// first input into a float32 result (`who` names the kernels in the
+    /// refusal).
+    pub(super) fn of(g: &'a OpGraph, node: NodeId, who: &str) -> Result<LossView<'a>, Refusal> {
+        let n = g.node(node);
+        let Op::Loss(Loss { kind, reduction }) = &n.op else {
+            return Err(Refusal::new(format!("`{}` is not a loss", n.name)));
+        };
+        if !matches!(reduction, Reduction::Mean | Reduction::Sum) {
+            return Err(Refusal::new(format!(
+                "`{}` reduces by {reduction:?}; {who} write a mean or a sum",
+                n.name
+            )));
+        }
+        let ins = g.inputs(node).to_vec();
+        let x = g.tensor(ins[0]);
+        if x.dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
+            return Err(Refusal::new(format!("`{}` is not float32", n.name)));
+        }
+        let shape = x.shape.clone();
+        let same = ins
+            .iter()
+            .all(|&t| g.tensor(t).shape == shape && g.tensor(t).dtype == DType::F32);
+        Ok(LossView {
+            kind,
+            reduction: *reduction,
+            ins,
+            numel: shape.iter().product(),
+            shape,
+            same,
+        })
+    }
+}
+
 /// Generates the kernel for a single loss node.
 pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
     let [node] = action.nodes()[..] else {
         return Err(Refusal::new("a loss kernel covers one op"));
     };
-    let n = g.node(node);
-    let Op::Loss(Loss { kind, reduction }) = &n.op else {
-        return Err(Refusal::new(format!("`{}` is not a loss", n.name)));
-    };
-    if !matches!(reduction, Reduction::Mean | Reduction::Sum) {
-        return Err(Refusal::new(format!(
-            "`{}` reduces by {reduction:?}; the loss kernels write a mean or a sum",
-            n.name
-        )));
-    }
     let block = one_per_thread(action, "loss")?;
-    let ins = g.inputs(node);
-    let x = g.tensor(ins[0]);
-    if x.dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
-        return Err(Refusal::new(format!("`{}` is not float32", n.name)));
-    }
-    let shape = x.shape.clone();
-    let numel: u64 = shape.iter().product();
-    let same_shapes = ins
-        .iter()
-        .all(|&t| g.tensor(t).shape == shape && g.tensor(t).dtype == DType::F32);
+    let LossView {
+        kind,
+        reduction,
+        ins,
+        shape,
+        numel,
+        same: same_shapes,
+    } = LossView::of(g, node, "the loss kernels")?;
     // (kernel parameters, per-item code leaving the term in `term`, items,
     // whether an item is a row taken by a warp, what the sum is divided by)
     let elementwise = |term: String| -> Result<_, Refusal> {

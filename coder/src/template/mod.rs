@@ -67,6 +67,22 @@ const LOAD_X: &str = "#define LOAD_X(i) (x[(i)])";
 /// 16 bytes at a time).
 const STORE_Y: &str = "#define STORE_Y(i, v) (y[(i)] = (v))\n#define STORE_YX(i, v, xv) STORE_Y(i, v)\n#define EPI_Y(i, v, xv) (v)";
 
+/// The first input of `node`, when it and the node's first result are
+/// float32.
+fn f32_input(
+    g: &mtmc_actions::graph::OpGraph,
+    node: mtmc_actions::graph::NodeId,
+) -> Result<mtmc_actions::graph::TensorRef, Refusal> {
+    let n = g.node(node);
+    let input = g.inputs(node)[0];
+    if g.tensor(input).dtype != mtmc_actions::DType::F32
+        || n.outputs[0].dtype != mtmc_actions::DType::F32
+    {
+        return Err(Refusal::new(format!("`{}` is not float32", n.name)));
+    }
+    Ok(input)
+}
+
 /// A float literal CUDA reads back exactly (as f32).
 fn lit(v: f64) -> Result<String, Refusal> {
     if !v.is_finite() {

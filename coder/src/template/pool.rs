@@ -25,20 +25,50 @@
 
 use std::fmt::Write as _;
 
-use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{AdaptivePool, Op, Pool};
 
-use super::{ROW_BLOCKS, Refusal, WAVES, one_node};
+use super::{ROW_BLOCKS, Refusal, WAVES, f32_input, one_node};
 use crate::action::{Action, Params};
 use crate::program::{Fragment, Launch};
 
 /// One pooling window per spatial dim: kernel, stride, padding, dilation.
-struct Window {
-    kernel: Vec<u64>,
-    stride: Vec<u64>,
-    padding: Vec<u64>,
-    dilation: Vec<u64>,
+pub(super) struct Window {
+    pub kernel: Vec<u64>,
+    pub stride: Vec<u64>,
+    pub padding: Vec<u64>,
+    pub dilation: Vec<u64>,
+}
+
+impl Window {
+    /// `p`'s window (dilation 1 where none is given), when its rank fits
+    /// an `[N, C, spatial…]` input (or `[N, spatial…, C]`) and output of
+    /// ranks `rank` and `out_rank`.
+    pub(super) fn of(p: &Pool, rank: usize, out_rank: usize) -> Result<Window, Refusal> {
+        let dims = p.spatial;
+        let window = Window {
+            kernel: p.kernel.clone(),
+            stride: p.stride.clone(),
+            padding: p.padding.clone(),
+            dilation: if p.dilation.is_empty() {
+                vec![1; dims]
+            } else {
+                p.dilation.clone()
+            },
+        };
+        let sizes = [
+            &window.kernel,
+            &window.stride,
+            &window.padding,
+            &window.dilation,
+        ];
+        if rank != dims + 2 || out_rank != rank || sizes.iter().any(|v| v.len() != dims) {
+            return Err(Refusal::new(
+                "the window's rank does not match the input's spatial dims",
+            ));
+        }
+        Ok(window)
+    }
 }
 
 /// Generates the kernel for one pooling node.
@@ -47,40 +77,16 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         return Err(Refusal::new("a pooling kernel covers one op"));
     };
     let n = g.node(node);
-    let input = g.inputs(node)[0];
+    let input = f32_input(g, node)?;
     let in_shape = g.tensor(input).shape.clone();
     let out_shape = n.outputs[0].shape.clone();
-    if g.tensor(input).dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
-        return Err(Refusal::new(format!("`{}` is not float32", n.name)));
-    }
     let (max, window, include_pad, last) = match &n.op {
-        Op::Pool(Pool {
-            max,
-            spatial,
-            kernel,
-            stride,
-            padding,
-            dilation,
-            count_include_pad,
-            channels_last,
-            ..
-        }) => {
-            if in_shape.len() != spatial + 2 {
-                return Err(Refusal::new("pooling needs [N, C, spatial...] input"));
-            }
-            let ones = vec![1; *spatial];
-            let window = Window {
-                kernel: kernel.clone(),
-                stride: stride.clone(),
-                padding: padding.clone(),
-                dilation: if dilation.is_empty() {
-                    ones
-                } else {
-                    dilation.clone()
-                },
-            };
-            (*max, window, *count_include_pad, *channels_last)
-        }
+        Op::Pool(p) => (
+            p.max,
+            Window::of(p, in_shape.len(), out_shape.len())?,
+            p.count_include_pad,
+            p.channels_last,
+        ),
         Op::AdaptivePool(a @ AdaptivePool { max, .. }) if a.is_global() => {
             let spatial = &in_shape[2..];
             let window = Window {
@@ -104,20 +110,6 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     };
     let in_sp = &in_shape[first..first + dims];
     let out_sp = &out_shape[first..first + dims];
-    if [
-        &window.kernel,
-        &window.stride,
-        &window.padding,
-        &window.dilation,
-    ]
-    .iter()
-    .any(|v| v.len() != dims)
-        || out_shape.len() != in_shape.len()
-    {
-        return Err(Refusal::new(
-            "the window's rank does not match the input's spatial dims",
-        ));
-    }
     let Params { block, vector } = action.params;
     if !ROW_BLOCKS.contains(&block) || ![1, 2, 4].contains(&vector) {
         return Err(Refusal::new(

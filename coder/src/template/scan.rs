@@ -17,14 +17,22 @@
 
 use std::fmt::Write as _;
 
-use mtmc_actions::DType;
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::{Op, Scan};
 
 use super::rows::{per_line, per_line_launch, per_row};
-use super::{Refusal, WAVES, one_node, one_per_thread};
+use super::{Refusal, WAVES, f32_input, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
+
+/// `shape` scanned along `dim`, seen as `[outer, K, inner]`.
+pub(super) fn lines(shape: &[u64], dim: usize) -> (u64, u64, u64) {
+    (
+        shape[..dim].iter().product(),
+        shape[dim],
+        shape[dim + 1..].iter().product(),
+    )
+}
 
 /// Generates the kernel for a single scan node.
 pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
@@ -44,14 +52,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     if exclusive {
         return Err(Refusal::new("exclusive scans are not written yet"));
     }
-    let input = g.inputs(node)[0];
-    if g.tensor(input).dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
-        return Err(Refusal::new(format!("`{}` is not float32", n.name)));
-    }
-    let shape = &g.tensor(input).shape;
-    let outer: u64 = shape[..dim].iter().product();
-    let k = shape[dim];
-    let inner: u64 = shape[dim + 1..].iter().product();
+    let input = f32_input(g, node)?;
+    let (outer, k, inner) = lines(&g.tensor(input).shape, dim);
     let block = one_per_thread(action, "scan")?;
     let (identity, op) = if prod { ("1.0f", "*") } else { ("0.0f", "+") };
     // Position `j` of the walk is element `at(j)` of the line.

@@ -14,7 +14,15 @@
 //! - layer, RMS, group and instance norm (batch statistics) with their
 //!   scale and shift, a program per normalized group;
 //! - a pointwise chain fused in front of a row kernel: a jit function
-//!   computing the chain's value at the offsets the kernel reads.
+//!   computing the chain's value at the offsets the kernel reads;
+//! - max and average pooling over 1–3 spatial dims, channels first or
+//!   last: a program per `BLOCK` outputs, each walking its window;
+//! - cumsum and cumprod, forward or reverse, inclusive or exclusive: a
+//!   program per row scanning tiles with a carry, or per block of columns
+//!   stepping along the scanned dim;
+//! - losses (mse, huber, smooth L1, cross-entropy, triplet margin) reduced
+//!   to their mean or sum: a pass zeroing the result, then a fixed number
+//!   of programs each adding its partial atomically.
 //!
 //! Loops run to the reduced extent written as a constant (shapes are
 //! static): the interpreter cannot loop to a scalar argument.
@@ -26,14 +34,17 @@ use std::fmt::Write as _;
 
 use mtmc_actions::DType;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
-use mtmc_actions::op::{BinaryOp, Norm, NormKind, Op, UnaryOp};
+use mtmc_actions::op::{BinaryOp, LossKind, Norm, NormKind, Op, Reduction, Scan, UnaryOp};
 
-use super::Refusal;
+use super::loss::LossView;
 use super::pointwise::{boundary, broadcast_offset, broadcasts, shape};
+use super::pool::Window;
 use super::rows::{Kind, row_view};
+use super::scan::lines;
+use super::{Refusal, f32_input};
 use crate::MicroCoder;
 use crate::action::{Action, ActionKind};
-use crate::program::{Fragment, Lang, Launch, Program};
+use crate::program::{Fragment, Lang, Launch, Pass, Program};
 
 /// Rows up to this long are loaded once into registers (softmax and norms
 /// then make no second pass over memory).
@@ -81,6 +92,22 @@ impl MicroCoder for TritonCoder {
             .iter()
             .max_by_key(|n| position(n))
             .expect("the region is not empty");
+        if matches!(g.node(last).op, Op::Pool(_) | Op::Scan(_) | Op::Loss(_)) {
+            if nodes.len() > 1 {
+                return Err(Refusal::new(format!(
+                    "a Triton {} kernel covers that op alone: write the ops before it as a kernel of their own",
+                    g.node(last).op
+                )));
+            }
+            let mut f = match &g.node(last).op {
+                Op::Pool(_) => pool(g, last, &name, warps, action.params.vector)?,
+                Op::Loss(_) => loss(g, last, &name, warps, action.params.vector)?,
+                _ => scan(g, last, &name, warps)?,
+            };
+            f.launch.block = warps * 32;
+            f.action = action.clone();
+            return Ok(f);
+        }
         if !row_op(&g.node(last).op) {
             return pointwise(g, action, &name, warps);
         }
@@ -433,11 +460,7 @@ fn pointwise(g: &OpGraph, action: &Action, name: &str, warps: u32) -> Result<Fra
         )));
     }
     let vector = action.params.vector;
-    if ![1, 2, 4].contains(&vector) {
-        return Err(Refusal::new(format!(
-            "vector width {vector} is not 1, 2 or 4"
-        )));
-    }
+    vector_width(vector)?;
     let numel: u64 = full.iter().product();
     let block = u64::from(warps * 32 * vector);
     let ptrs: Vec<String> = (0..inputs.len()).map(|k| format!("in{k}")).collect();
@@ -482,6 +505,17 @@ fn pointwise(g: &OpGraph, action: &Action, name: &str, warps: u32) -> Result<Fra
         },
         before: Vec::new(),
     })
+}
+
+/// Refuses a vector width other than 1, 2 or 4.
+fn vector_width(vector: u32) -> Result<(), Refusal> {
+    if [1, 2, 4].contains(&vector) {
+        Ok(())
+    } else {
+        Err(Refusal::new(format!(
+            "vector width {vector} is not 1, 2 or 4"
+        )))
+    }
 }
 
 /// A grid of `programs`, within what one launch dimension holds.
@@ -997,4 +1031,388 @@ fn norm(
         grid(rows)?,
         vec![rows as i64, k as i64],
     )
+}
+
+/// Max and average pooling over 1–3 spatial dims, channels first or last:
+/// a program per `BLOCK = block × vector` outputs, each walking its window
+/// (taps outside the input masked off), dividing as torch does with and
+/// without `count_include_pad`.
+fn pool(
+    g: &OpGraph,
+    node: NodeId,
+    name: &str,
+    warps: u32,
+    vector: u32,
+) -> Result<Fragment, Refusal> {
+    let n = g.node(node);
+    let Op::Pool(p) = &n.op else {
+        return Err(Refusal::new(format!("`{}` is not a pooling op", n.name)));
+    };
+    let input = f32_input(g, node)?;
+    let in_shape = g.tensor(input).shape.clone();
+    let out_shape = n.outputs[0].shape.clone();
+    let Window {
+        kernel,
+        stride,
+        padding,
+        dilation,
+    } = Window::of(p, in_shape.len(), out_shape.len())?;
+    vector_width(vector)?;
+    let (max, count_include_pad, channels_last, dims) =
+        (&p.max, &p.count_include_pad, &p.channels_last, p.spatial);
+    let first = if *channels_last { 1 } else { 2 };
+    let channels = if *channels_last {
+        in_shape[dims + 1]
+    } else {
+        1
+    };
+    let in_sp = &in_shape[first..first + dims];
+    let out_sp = &out_shape[first..first + dims];
+    let numel: u64 = out_shape.iter().product();
+    let block = u64::from(warps * 32 * vector);
+    let wide = numel + block >= 1 << 31 || g.tensor(input).numel() >= 1 << 31;
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "# {name}: {} pool {in_sp:?}{} (kernel {kernel:?}, stride {stride:?}, padding {padding:?}, dilation {dilation:?}), {block} outputs a program",
+        if *max { "max" } else { "average" },
+        if *channels_last { " channels-last" } else { "" },
+    );
+    let _ = writeln!(src, "@triton.jit\ndef {name}(x, y, n):");
+    let _ = writeln!(
+        src,
+        "    i = {} * {block} + tl.arange(0, {block})\n    m = i < n\n    rest = i",
+        program_id(wide)
+    );
+    if *channels_last {
+        let _ = writeln!(
+            src,
+            "    c = rest % {channels}\n    rest = rest // {channels}"
+        );
+    }
+    for d in (0..dims).rev() {
+        let _ = writeln!(
+            src,
+            "    s{d} = (rest % {}) * {} - {}\n    rest = rest // {}",
+            out_sp[d], stride[d], padding[d], out_sp[d]
+        );
+    }
+    let plane: u64 = in_sp.iter().product::<u64>() * channels;
+    let _ = writeln!(
+        src,
+        "    base = rest * {plane}{}",
+        if *channels_last { " + c" } else { "" }
+    );
+    let pad = if *max { "float(\"-inf\")" } else { "0.0" };
+    let _ = writeln!(src, "    acc = tl.full([{block}], {pad}, tl.float32)");
+    if !*max && !*count_include_pad {
+        let _ = writeln!(src, "    inside = tl.zeros([{block}], tl.int32)");
+    }
+    let mut indent = "    ".to_string();
+    let mut ok = vec!["m".to_string()];
+    for d in 0..dims {
+        let _ = writeln!(src, "{indent}for k{d} in range({}):", kernel[d]);
+        indent.push_str("    ");
+        let _ = writeln!(
+            src,
+            "{indent}p{d} = s{d} + k{d} * {}\n{indent}ok{d} = (p{d} >= 0) & (p{d} < {})",
+            dilation[d], in_sp[d]
+        );
+        ok.push(format!("ok{d}"));
+    }
+    let mut offset = "p0".to_string();
+    for (d, &extent) in in_sp.iter().enumerate().skip(1) {
+        offset = format!("({offset}) * {extent} + p{d}");
+    }
+    if *channels_last {
+        offset = format!("({offset}) * {channels}");
+    }
+    let _ = writeln!(
+        src,
+        "{indent}ok = {}\n{indent}v = tl.load(x + base + {offset}, mask=ok, other={pad})",
+        ok.join(" & ")
+    );
+    if *max {
+        let _ = writeln!(src, "{indent}acc = tl.maximum(acc, v)");
+    } else {
+        let _ = writeln!(src, "{indent}acc += v");
+        if !*count_include_pad {
+            let _ = writeln!(src, "{indent}inside += ok.to(tl.int32)");
+        }
+    }
+    let value = if *max {
+        "acc".to_string()
+    } else if *count_include_pad {
+        // The window clipped to the padded input.
+        let mut terms = Vec::new();
+        for d in 0..dims {
+            let _ = writeln!(
+                src,
+                "    e{d} = tl.minimum(s{d} + {}, {})",
+                kernel[d],
+                in_sp[d] + padding[d]
+            );
+            terms.push(format!("(e{d} - s{d})"));
+        }
+        format!("acc / ({}).to(tl.float32)", terms.join(" * "))
+    } else {
+        "acc / tl.maximum(inside, 1).to(tl.float32)".to_string()
+    };
+    let _ = writeln!(src, "    tl.store(y + i, {value}, mask=m)");
+    node_fragment(
+        name,
+        node,
+        src,
+        vec![input],
+        grid(numel.div_ceil(block))?,
+        vec![numel as i64],
+    )
+}
+
+/// Cumulative sums and products over one dim, forward or reverse,
+/// inclusive or exclusive, seen as `[outer, K, inner]`: a program per row
+/// scanning tiles of up to [`TILE`] with `tl.cumsum`/`tl.cumprod` and a
+/// carry between tiles when `inner == 1`; else a program per `(outer,
+/// BLOCK columns)` stepping along the dim. An exclusive scan is the
+/// inclusive scan of the input shifted one place (the identity first).
+fn scan(g: &OpGraph, node: NodeId, name: &str, warps: u32) -> Result<Fragment, Refusal> {
+    let n = g.node(node);
+    let Op::Scan(Scan {
+        prod,
+        dim,
+        reverse,
+        exclusive,
+    }) = &n.op
+    else {
+        return Err(Refusal::new(format!("`{}` is not a scan", n.name)));
+    };
+    let input = f32_input(g, node)?;
+    let shape = g.tensor(input).shape.clone();
+    let (outer, k, inner) = lines(&shape, *dim);
+    let wide = g.tensor(input).numel() >= 1 << 31;
+    let (identity, op, scan_fn) = if *prod {
+        ("1.0", "*", "tl.cumprod")
+    } else {
+        ("0.0", "+", "tl.cumsum")
+    };
+    // Position in the dim of scan step `t`, and of the input it reads.
+    let at = |t: &str| {
+        if *reverse {
+            format!("({} - 1 - {t})", k)
+        } else {
+            t.to_string()
+        }
+    };
+    let from = |t: &str| match (*exclusive, *reverse) {
+        (false, _) => at(t),
+        (true, false) => format!("({t} - 1)"),
+        (true, true) => format!("({k} - {t})"),
+    };
+    let mut src = String::new();
+    let direction = format!(
+        "{}{}",
+        if *reverse { ", reverse" } else { "" },
+        if *exclusive { ", exclusive" } else { "" }
+    );
+    let what = if *prod { "cumprod" } else { "cumsum" };
+    let (programs, sizes) = if inner == 1 {
+        let bk = pow2(k).min(TILE);
+        let _ = writeln!(
+            src,
+            "# {name}: {what} over {outer} rows of {k}{direction}, tiles of {bk}"
+        );
+        let _ = writeln!(src, "@triton.jit\ndef {name}(x, y, R, K):");
+        let _ = writeln!(
+            src,
+            "    base = {} * {k}\n    t = tl.arange(0, {bk})\n    carry = {identity}",
+            program_id(wide)
+        );
+        let _ = writeln!(src, "    for t0 in range(0, {k}, {bk}):");
+        let _ = writeln!(
+            src,
+            "        tt = t0 + t\n        m = tt < {k}\n        src = {}\n        ok = m & (src >= 0) & (src < {k})",
+            from("tt")
+        );
+        let _ = writeln!(
+            src,
+            "        v = tl.load(x + base + src, mask=ok, other={identity})\n        c = {scan_fn}(v, 0) {op} carry\n        tl.store(y + base + {}, c, mask=m)\n        carry = tl.sum(tl.where(t == {} - 1, c, 0.0), axis=0)",
+            at("tt"),
+            bk
+        );
+        (outer, vec![outer as i64, k as i64])
+    } else {
+        let bi = u64::from(warps * 32);
+        let tiles = inner.div_ceil(bi);
+        let _ = writeln!(
+            src,
+            "# {name}: {what} over dim {dim} of {shape:?}{direction}, {bi} columns a program"
+        );
+        let _ = writeln!(src, "@triton.jit\ndef {name}(x, y, R, K):");
+        let _ = writeln!(
+            src,
+            "    p = {}\n    col = (p % {tiles}) * {bi} + tl.arange(0, {bi})\n    m = col < {inner}\n    base = (p // {tiles}) * {} + col\n    acc = tl.full([{bi}], {identity}, tl.float32)",
+            program_id(wide),
+            k * inner
+        );
+        let _ = writeln!(src, "    for t in range({k}):");
+        let src_pos = from("t");
+        let _ = writeln!(
+            src,
+            "        s = {src_pos}\n        ok = m & (s >= 0) & (s < {k})\n        acc = acc {op} tl.load(x + base + s * {inner}, mask=ok, other={identity})\n        tl.store(y + base + {} * {inner}, acc, mask=m)",
+            at("t")
+        );
+        (outer * tiles, vec![outer as i64, k as i64])
+    };
+    node_fragment(name, node, src, vec![input], grid(programs)?, sizes)
+}
+
+/// Programs a loss kernel spreads its items over (each adds its partial
+/// to the result once, atomically).
+const LOSS_PROGRAMS: u64 = 132 * 4;
+
+/// Losses reduced to their mean or sum: a pass that zeroes the result,
+/// then `G` programs, each taking every `G`-th block of elements
+/// (elementwise losses: mse, huber, smooth L1) or row (cross-entropy over
+/// class logits with int64 targets, triplet margin with p = 2) and adding
+/// its partial to the result with one atomic add.
+fn loss(
+    g: &OpGraph,
+    node: NodeId,
+    name: &str,
+    warps: u32,
+    vector: u32,
+) -> Result<Fragment, Refusal> {
+    vector_width(vector)?;
+    let LossView {
+        kind,
+        reduction,
+        ins,
+        shape,
+        numel,
+        same,
+    } = LossView::of(g, node, "the Triton loss kernels")?;
+    let wide = numel >= 1 << 31;
+    let rows = |what: &str| -> Result<(u64, u64), Refusal> {
+        if shape.len() != 2 || shape[1] > WHOLE_ROW {
+            return Err(Refusal::new(format!(
+                "the Triton {what} kernel takes [N, D] rows of at most {WHOLE_ROW}"
+            )));
+        }
+        Ok((shape[0], shape[1]))
+    };
+    // (parameters, items, what the sum is divided by, per-item lines
+    // leaving the masked term in `term`, lanes of a block)
+    let elementwise = |term: String| -> Result<_, Refusal> {
+        if !same {
+            return Err(Refusal::new(
+                "elementwise losses need their inputs float32 at one shape",
+            ));
+        }
+        let block = u64::from(warps * 32 * vector);
+        Ok((
+            "a, b",
+            numel,
+            numel,
+            format!(
+                "        i = (it * G + pid) * {block} + tl.arange(0, {block})\n        m = i < {numel}\n        d = tl.load(a + i, mask=m, other=0.0) - tl.load(b + i, mask=m, other=0.0)\n        term = tl.sum(tl.where(m, {term}, 0.0), axis=0)\n"
+            ),
+            block,
+        ))
+    };
+    let (params, items, count, body, per) = match kind {
+        LossKind::Mse => elementwise("d * d".into())?,
+        LossKind::Huber { delta } => {
+            let delta = lit(*delta)?;
+            elementwise(format!(
+                "tl.where(tl.abs(d) < {delta}, 0.5 * d * d, {delta} * (tl.abs(d) - 0.5 * {delta}))"
+            ))?
+        }
+        LossKind::SmoothL1 { beta } if *beta <= 0.0 => elementwise("tl.abs(d)".into())?,
+        LossKind::SmoothL1 { beta } => {
+            let beta = lit(*beta)?;
+            elementwise(format!(
+                "tl.where(tl.abs(d) < {beta}, 0.5 * d * d / {beta}, tl.abs(d) - 0.5 * {beta})"
+            ))?
+        }
+        LossKind::CrossEntropy => {
+            let (n_rows, d) = rows("cross-entropy")?;
+            let t = g.tensor(ins[1]);
+            if t.dtype != DType::I64 || t.shape != [n_rows] {
+                return Err(Refusal::new(
+                    "cross-entropy needs [N, C] float32 logits and [N] int64 class targets",
+                ));
+            }
+            let bd = pow2(d);
+            (
+                "x, t",
+                n_rows,
+                n_rows,
+                format!(
+                    "        r = it * G + pid\n        live = r < {n_rows}\n        k = tl.arange(0, {bd})\n        mk = (k < {d}) & live\n        v = tl.load(x + r * {d} + k, mask=mk, other=float(\"-inf\"))\n        mx = tl.max(v, axis=0)\n        s = tl.sum(tl.where(mk, tl.exp(v - mx), 0.0), axis=0)\n        xt = tl.load(x + r * {d} + tl.load(t + r, mask=live, other=0), mask=live, other=0.0)\n        term = tl.where(live, mx + tl.log(s) - xt, 0.0)\n"
+                ),
+                1,
+            )
+        }
+        LossKind::TripletMargin { margin, p } => {
+            let (n_rows, d) = rows("triplet")?;
+            if *p != 2.0 || !same {
+                return Err(Refusal::new(
+                    "the Triton triplet kernel takes p = 2 and three float32 [N, D] inputs",
+                ));
+            }
+            let bd = pow2(d);
+            // torch's pairwise distance adds eps = 1e-6 to the difference.
+            (
+                "a, p, q",
+                n_rows,
+                n_rows,
+                format!(
+                    "        r = it * G + pid\n        live = r < {n_rows}\n        k = tl.arange(0, {bd})\n        mk = (k < {d}) & live\n        va = tl.load(a + r * {d} + k, mask=mk, other=0.0)\n        u = va - tl.load(p + r * {d} + k, mask=mk, other=0.0) + 1e-6\n        w = va - tl.load(q + r * {d} + k, mask=mk, other=0.0) + 1e-6\n        dp = tl.sum(tl.where(mk, u * u, 0.0), axis=0)\n        dn = tl.sum(tl.where(mk, w * w, 0.0), axis=0)\n        term = tl.where(live, tl.maximum(tl.sqrt(dp) - tl.sqrt(dn) + {}, 0.0), 0.0)\n",
+                    lit(*margin)?
+                ),
+                1,
+            )
+        }
+        other => {
+            return Err(Refusal::new(format!(
+                "no Triton loss kernel yet for {other:?}"
+            )));
+        }
+    };
+    let blocks = items.div_ceil(per);
+    let programs = blocks.clamp(1, LOSS_PROGRAMS);
+    let iters = blocks.div_ceil(programs);
+    let scale = match reduction {
+        Reduction::Mean => format!(" / {count}.0"),
+        _ => String::new(),
+    };
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "# {name}: {kind:?} loss ({reduction:?}) over {items} item(s), {programs} programs of {iters} step(s)"
+    );
+    let _ = writeln!(
+        src,
+        "@triton.jit\ndef {name}_zero({params}, y, n):\n    tl.store(y, 0.0)"
+    );
+    let _ = writeln!(src, "@triton.jit\ndef {name}({params}, y, n):");
+    let _ = writeln!(
+        src,
+        "    G = {programs}\n    pid = {}\n    acc = tl.zeros([1], tl.float32)\n    for it in range({iters}):",
+        program_id(wide)
+    );
+    src.push_str(&body);
+    src.push_str("        acc += term\n");
+    let _ = writeln!(src, "    tl.atomic_add(y, tl.sum(acc, axis=0){scale})");
+    let mut f = node_fragment(name, node, src, ins, grid(programs)?, vec![items as i64])?;
+    f.before = vec![Pass {
+        kernel: format!("{name}_zero"),
+        launch: Launch {
+            shared: 0,
+            grid: 1,
+            block: 32,
+            sizes: vec![items as i64],
+        },
+    }];
+    Ok(f)
 }
