@@ -248,6 +248,24 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
             "instance norm",
             norm_graph(NormKind::Instance, &[2, 3, 7, 9]),
         ),
+        ("batch norm", norm_graph(NormKind::Batch, &[6, 5, 9, 7])),
+        (
+            "linear with its bias and a chain after it",
+            graph("y = gelu(x @ w.T + b) * 0.5", "x=70x100,w=90x100,b=90"),
+        ),
+        (
+            "batched matmul, a chain after it",
+            graph("y = tanh(a @ b) - a2", "a=3x20x40,b=3x40x30,a2=20x30"),
+        ),
+        ("transposed A", graph("y = x.T @ w", "x=50x33,w=50x17")),
+        (
+            "one B for a batch of A",
+            graph("y = relu(a @ b)", "a=2x3x19x21,b=21x40"),
+        ),
+        (
+            "batch norm of many rows, tiles",
+            norm_graph(NormKind::Batch, &[5000, 3]),
+        ),
         (
             "dilated max pool 2-d",
             pool_graph(
@@ -347,12 +365,20 @@ fn is_row(g: &OpGraph, n: NodeId) -> bool {
 }
 
 /// Regions as `mtmc optimize` cuts them for these graphs: the pointwise
-/// ops before a row op fused in front of it, the rest one chain.
+/// ops before a row op fused in front of it, a matrix product with the
+/// pointwise ops after it, the rest one chain.
 fn plan(g: &OpGraph) -> Vec<Vec<u32>> {
     let mut regions = Vec::new();
     let mut pending: Vec<u32> = Vec::new();
     for (id, n) in g.nodes() {
         if n.op.is_source() || n.op.is_view() {
+            continue;
+        }
+        if matches!(n.op, Op::MatMul(_)) {
+            if !pending.is_empty() {
+                regions.push(std::mem::take(&mut pending));
+            }
+            pending.push(id.index() as u32);
             continue;
         }
         pending.push(id.index() as u32);
@@ -512,7 +538,7 @@ fn a_triton_fragment_that_does_not_compile_is_rolled_back_with_tritons_error() {
 
 #[test]
 fn what_the_triton_coder_cannot_write_is_refused_with_the_reason() {
-    let g = graph("y = x @ w", "x=8x64,w=64x32");
+    let g = graph("y = a @ b", "a=2x3x8x16,b=3x16x4");
     let node = plan(&g).remove(0);
     let r = TritonCoder
         .realize(
@@ -525,7 +551,7 @@ fn what_the_triton_coder_cannot_write_is_refused_with_the_reason() {
             },
         )
         .unwrap_err();
-    assert!(r.0.contains("pointwise"), "{r}");
+    assert!(r.0.contains("batch dims broadcast"), "{r}");
     let g = graph("y = relu(x)", "x=64");
     let r = TritonCoder
         .realize(

@@ -122,19 +122,20 @@ const VARIANTS: [Variant; 5] = [
     variant(256, 4, false),
 ];
 
-/// The variants for graph `g`: with matrix products, a CUDA ModelNew also
-/// tries them as GEMM kernels (after the library variants), and a program
+/// The variants for graph `g`: with matrix products, a ModelNew also tries
+/// them as GEMM kernels (after the library variants; Triton writes
+/// matrix products, CUDA convolutions too), and a program
 /// without library calls (`library: false`) computes them with kernels in
 /// every variant. Without regions (`no_regions`: nothing but products
 /// for kernels) launch parameters change nothing: one variant each.
-fn variants_for(g: &OpGraph, target: Target, library: bool, no_regions: bool) -> Vec<Variant> {
+fn variants_for(g: &OpGraph, library: bool, no_regions: bool) -> Vec<Variant> {
     let products = g.nodes().any(|(_, n)| product(&n.op));
     let mut v = if no_regions {
         VARIANTS[..1].to_vec()
     } else {
         VARIANTS.to_vec()
     };
-    if products && target == Target::Cuda {
+    if products {
         if library {
             // At the launch parameters of the second library variant (of
             // the only one without regions).
@@ -180,7 +181,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 Coder::Template => None,
             };
             let regions = regions(&g, false, llm.is_some())?;
-            let variants = variants_for(&g, Target::Cuda, false, regions.is_empty());
+            let variants = variants_for(&g, false, regions.is_empty());
             if regions.is_empty() && variants[0].gemm == Gemm::Library {
                 bail!("the intent has nothing for a kernel: the native evaluator needs one");
             }
@@ -429,7 +430,7 @@ pub fn optimize_problem(
             }
         };
         // Without kernels, the variants are one program.
-        let variants = &variants_for(graph, target, !strict, regions.is_empty())[..];
+        let variants = &variants_for(graph, !strict, regions.is_empty())[..];
         let library = graph
             .nodes()
             .filter(|(id, n)| mtmc_coder::export::library_op(&n.op) || torch_only(graph, *id))
@@ -769,7 +770,7 @@ fn search(
                 continue;
             }
         };
-        if gemm == Gemm::Kernel && !has_gemm(&program) {
+        if gemm == Gemm::Kernel && !has_gemm(g, &program) {
             writeln!(
                 out,
                 "  {label}: no product became a kernel; the library variants cover this program"
@@ -906,7 +907,7 @@ pub(crate) fn conclude(
             "block={} vector={}{}",
             params.block,
             params.vector,
-            if has_gemm(&program) { " gemm" } else { "" }
+            if has_gemm(g, &program) { " gemm" } else { "" }
         )
     };
     if ms.is_finite() {
@@ -1049,13 +1050,14 @@ pub(crate) fn build<C: MicroCoder>(
     Ok((session.good().clone(), refused))
 }
 
-/// Whether a fragment of `program` computes a product (the GEMM and
-/// convolution families' kernels are named `k{n}_gemm` and `k{n}_conv`).
-fn has_gemm(program: &Program) -> bool {
+/// Whether a fragment of `program` computes a product of `g` (a GEMM or
+/// convolution kernel, CUDA or Triton: its region starts with the
+/// product).
+fn has_gemm(g: &OpGraph, program: &Program) -> bool {
     program
         .fragments
         .iter()
-        .any(|f| f.name.ends_with("_gemm") || f.name.ends_with("_conv"))
+        .any(|f| f.region.first().is_some_and(|&n| product(&g.node(n).op)))
 }
 
 /// Whether a fragment of `program` computes a convolution.

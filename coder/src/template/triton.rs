@@ -12,7 +12,12 @@
 //!   1`, else a program per `(outer, tile of columns)` over `[BK, BI]`
 //!   tiles; a row of up to [`WHOLE_ROW`] elements is read once;
 //! - layer, RMS, group and instance norm (batch statistics) with their
-//!   scale and shift, a program per normalized group;
+//!   scale and shift, a program per normalized group; batch norm with
+//!   batch statistics, a program per channel over its `N × spatial`
+//!   elements;
+//! - fp32 GEMMs (batched or not, either operand transposed) with their
+//!   bias and the pointwise chain after them, a program per `64 × 64`
+//!   output tile, `tl.dot` at IEEE precision;
 //! - a pointwise chain fused in front of a row kernel: a jit function
 //!   computing the chain's value at the offsets the kernel reads;
 //! - max and average pooling over 1–3 spatial dims, channels first or
@@ -92,6 +97,17 @@ impl MicroCoder for TritonCoder {
             .iter()
             .max_by_key(|n| position(n))
             .expect("the region is not empty");
+        let first = *nodes
+            .iter()
+            .min_by_key(|n| position(n))
+            .expect("the region is not empty");
+        if matches!(g.node(first).op, Op::MatMul(_)) {
+            let mut region = nodes.clone();
+            region.sort_by_key(|n| position(n));
+            let mut f = gemm(g, &region, &name, warps)?;
+            f.action = action.clone();
+            return Ok(f);
+        }
         if matches!(g.node(last).op, Op::Pool(_) | Op::Scan(_) | Op::Loss(_)) {
             if nodes.len() > 1 {
                 return Err(Refusal::new(format!(
@@ -358,6 +374,33 @@ fn chain_body(
     full: &[u64],
     indent: &str,
 ) -> Result<(String, HashMap<TensorRef, String>), Refusal> {
+    chain_lines(g, chain, inputs, ptrs, full, indent, None)
+}
+
+/// [`chain_body`] for a chain after a kernel that holds `given`'s value
+/// at `i` in a variable (a GEMM's accumulator), at one level of indent.
+fn chain_body_after(
+    g: &OpGraph,
+    chain: &[NodeId],
+    inputs: &[TensorRef],
+    ptrs: &[String],
+    full: &[u64],
+    given: (TensorRef, &str),
+) -> Result<(String, HashMap<TensorRef, String>), Refusal> {
+    chain_lines(g, chain, inputs, ptrs, full, "    ", Some(given))
+}
+
+/// The lines of a chain body: coordinates, loads of `inputs`, then one
+/// line per node; `given` names a value already held.
+fn chain_lines(
+    g: &OpGraph,
+    chain: &[NodeId],
+    inputs: &[TensorRef],
+    ptrs: &[String],
+    full: &[u64],
+    indent: &str,
+    given: Option<(TensorRef, &str)>,
+) -> Result<(String, HashMap<TensorRef, String>), Refusal> {
     let mut src = String::new();
     let mut coords = HashSet::new();
     // `i * 0` where every element reads the same one: zeros shaped as `i`.
@@ -378,6 +421,9 @@ fn chain_body(
         let _ = writeln!(src, "{indent}c{d} = (i // {inner}) % {}", full[d]);
     }
     let mut names: HashMap<TensorRef, String> = HashMap::new();
+    if let Some((t, var)) = given {
+        names.insert(t, var.to_string());
+    }
     for (k, (&t, off)) in inputs.iter().zip(&offsets).enumerate() {
         let _ = writeln!(
             src,
@@ -913,6 +959,9 @@ fn norm(
         return Err(Refusal::new(format!("`{}` is not float32", n.name)));
     }
     let shape = g.tensor(ins[0]).shape.clone();
+    if matches!(kind, NormKind::Batch) && *batch_stats && shape.len() >= 2 {
+        return batch_norm(g, node, name, loader, wide, (*eps, *affine, *bias));
+    }
     // (rows, K, the affine index from r and kk)
     let (rows, k, channel) = match kind {
         NormKind::Layer { dims } | NormKind::Rms { dims } => {
@@ -956,24 +1005,13 @@ fn norm(
     let rms = matches!(kind, NormKind::Rms { .. });
     let whole = k <= WHOLE_ROW;
     let bk = if whole { pow2(k) } else { TILE };
-    let mut params = loader.params.clone();
-    let mut inputs = loader.inputs.clone();
-    if *affine {
-        params.push("w".into());
-        inputs.push(ins[1]);
-    }
-    if *bias {
-        params.push("b".into());
-        inputs.push(ins[2]);
-    }
-    params.extend(["y".to_string(), "R".into(), "K".into()]);
-    let mut src = String::new();
-    let _ = writeln!(
-        src,
-        "# {name}: {kind:?} over {rows} rows of {k} (eps {eps}), tiles of {bk}"
+    let (mut src, inputs) = norm_head(
+        name,
+        &format!("{kind:?} over {rows} rows of {k} (eps {eps}), tiles of {bk}"),
+        &loader,
+        &ins,
+        (*affine, *bias),
     );
-    src.push_str(&loader.source);
-    let _ = writeln!(src, "@triton.jit\ndef {name}({}):", params.join(", "));
     let _ = writeln!(src, "    r = {}", program_id(wide));
     src.push_str("    base = r * K\n");
     let _ = writeln!(src, "    k = tl.arange(0, {bk})");
@@ -1415,4 +1453,267 @@ fn loss(
         },
     }];
     Ok(f)
+}
+
+/// A norm kernel's comment, its loader and its `def` line (the loader's
+/// pointers, the scale `w` and shift `b` where the norm has them, `y`, `R`,
+/// `K`), and the tensors its pointers point to.
+fn norm_head(
+    name: &str,
+    what: &str,
+    loader: &Loader,
+    ins: &[TensorRef],
+    (affine, bias): (bool, bool),
+) -> (String, Vec<TensorRef>) {
+    let mut params = loader.params.clone();
+    let mut inputs = loader.inputs.clone();
+    if affine {
+        params.push("w".into());
+        inputs.push(ins[1]);
+    }
+    if bias {
+        params.push("b".into());
+        inputs.push(ins[2]);
+    }
+    params.extend(["y".to_string(), "R".into(), "K".into()]);
+    let mut src = format!("# {name}: {what}\n");
+    src.push_str(&loader.source);
+    let _ = writeln!(src, "@triton.jit\ndef {name}({}):", params.join(", "));
+    (src, inputs)
+}
+
+/// Batch norm with batch statistics over `[N, C, spatial…]`: a program per
+/// channel, its `N × S` elements (`S` the spatial size) taken as one run
+/// `j` at `(j / S) · C · S + c · S + j % S`, in tiles: the mean, then the
+/// variance of the deviations, then the scaled and shifted output.
+fn batch_norm(
+    g: &OpGraph,
+    node: NodeId,
+    name: &str,
+    loader: Loader,
+    wide: bool,
+    (eps, affine, bias): (f64, bool, bool),
+) -> Result<Fragment, Refusal> {
+    let ins = g.inputs(node);
+    let shape = g.tensor(ins[0]).shape.clone();
+    let (n, c) = (shape[0], shape[1]);
+    let spatial: u64 = shape[2..].iter().product();
+    let count = n * spatial;
+    let bj = pow2(count).min(TILE);
+    let (mut src, inputs) = norm_head(
+        name,
+        &format!("batch norm over {c} channels of {n} x {spatial} (eps {eps}), tiles of {bj}"),
+        &loader,
+        &ins,
+        (affine, bias),
+    );
+    let _ = writeln!(
+        src,
+        "    c = {}\n    j = tl.arange(0, {bj})",
+        program_id(wide)
+    );
+    let load = loader.load("at", "m");
+    let pass = |src: &mut String| {
+        let _ = writeln!(src, "    for j0 in range(0, {count}, {bj}):");
+        let _ = writeln!(
+            src,
+            "        jj = j0 + j\n        m = jj < {count}\n        at = (jj // {spatial}) * {} + c * {spatial} + jj % {spatial}\n        v = tl.where(m, {load}, 0.0)",
+            c * spatial
+        );
+    };
+    let _ = writeln!(src, "    sv = tl.zeros([{bj}], tl.float32)");
+    pass(&mut src);
+    src.push_str("        sv += v\n");
+    let _ = writeln!(src, "    mean = tl.sum(sv, axis=0) / {count}.0");
+    let _ = writeln!(src, "    qv = tl.zeros([{bj}], tl.float32)");
+    pass(&mut src);
+    src.push_str("        d = tl.where(m, v - mean, 0.0)\n        qv += d * d\n");
+    let _ = writeln!(
+        src,
+        "    rstd = 1.0 / tl.sqrt_rn(tl.sum(qv, axis=0) / {count}.0 + {})",
+        lit(eps)?
+    );
+    let mut out = "(v - mean) * rstd".to_string();
+    if affine {
+        out += " * tl.load(w + c)";
+    }
+    if bias {
+        out += " + tl.load(b + c)";
+    }
+    pass(&mut src);
+    let _ = writeln!(src, "        tl.store(y + at, {out}, mask=m)");
+    node_fragment(
+        name,
+        node,
+        src,
+        inputs,
+        grid(c)?,
+        vec![c as i64, count as i64],
+    )
+}
+
+/// Output tile of a Triton GEMM (rows and columns), and its depth step.
+const GEMM_TILE: (u64, u64, u64) = (64, 64, 32);
+
+/// An fp32 GEMM (`matmul`/`linear`, batched or not, either operand
+/// transposed) with its bias and the pointwise chain after it fused into
+/// the store: a program per `64 × 64` output tile (and batch), stepping
+/// 32 deep with `tl.dot` at IEEE fp32 precision (no TF32).
+fn gemm(g: &OpGraph, region: &[NodeId], name: &str, warps: u32) -> Result<Fragment, Refusal> {
+    let mm = region[0];
+    let Op::MatMul(m) = &g.node(mm).op else {
+        return Err(Refusal::new("a GEMM region starts with a matrix product"));
+    };
+    super::gemm::float32_only(g, mm, "Triton GEMM")?;
+    let ins = g.inputs(mm);
+    let out = TensorRef::first(mm);
+    let (sa, sb, so) = (shape(g, ins[0]), shape(g, ins[1]), shape(g, out));
+    if sa.len() < 2 || sb.len() < 2 || so.len() < 2 {
+        return Err(Refusal::new(
+            "a matrix-vector product has no Triton GEMM (operands of rank 1)",
+        ));
+    }
+    let (ra, ro) = (sa.len(), so.len());
+    let (rows, cols) = (so[ro - 2], so[ro - 1]);
+    let depth = if m.trans_a { sa[ra - 2] } else { sa[ra - 1] };
+    let batch_dims = &so[..ro - 2];
+    let batch: u64 = batch_dims.iter().product();
+    // Each operand's batch stride: 0 when one matrix serves every batch.
+    let stride = |s: &[u64]| -> Result<u64, Refusal> {
+        let matrix: u64 = s[s.len() - 2..].iter().product();
+        if s.len() == 2 {
+            Ok(0)
+        } else if s[..s.len() - 2] == *batch_dims {
+            Ok(matrix)
+        } else {
+            Err(Refusal::new(
+                "operands whose batch dims broadcast have no Triton GEMM",
+            ))
+        }
+    };
+    let (za, zb) = (stride(&sa)?, stride(&sb)?);
+    // Element (row, k) of A and (k, column) of B.
+    let (am, ak) = if m.trans_a { (1, rows) } else { (depth, 1) };
+    let (bk, bn) = if m.trans_b { (1, depth) } else { (cols, 1) };
+    let bias = m.bias.then(|| ins[2]);
+    if let Some(t) = bias
+        && shape(g, t) != [cols]
+    {
+        return Err(Refusal::new("the bias is not one value per output column"));
+    }
+    let chain: Vec<NodeId> = region[1..].to_vec();
+    let result = if chain.is_empty() {
+        out
+    } else {
+        check_pointwise(g, &chain, &so)?;
+        let (_, outputs) = boundary(g, region);
+        let &[result] = &outputs[..] else {
+            return Err(Refusal::new(
+                "a fused epilogue must have one result (the others are read elsewhere)",
+            ));
+        };
+        if shape(g, result) != so {
+            return Err(Refusal::new(
+                "the epilogue's result does not have the product's shape",
+            ));
+        }
+        result
+    };
+    if g.outputs().contains(&out) && result != out
+        || g.consumers(mm).iter().any(|c| !chain.contains(c)) && !chain.is_empty()
+    {
+        return Err(Refusal::new(
+            "the product is read outside the chain fused after it",
+        ));
+    }
+    let (chain_inputs, _) = boundary(g, &chain);
+    let extra: Vec<TensorRef> = chain_inputs.into_iter().filter(|&t| t != out).collect();
+    if let Some(t) = extra.iter().find(|&&t| g.tensor(t).dtype != DType::F32) {
+        return Err(Refusal::new(format!(
+            "input `{}` is not float32",
+            g.node(t.node).name
+        )));
+    }
+    let (bm, bnn, bkk) = GEMM_TILE;
+    let (tm, tn) = (rows.div_ceil(bm), cols.div_ceil(bnn));
+    let wide = so.iter().product::<u64>() >= 1 << 31
+        || sa.iter().product::<u64>() >= 1 << 31
+        || sb.iter().product::<u64>() >= 1 << 31;
+    let ptrs: Vec<String> = (0..extra.len()).map(|k| format!("pe{k}")).collect();
+    let mut params: Vec<String> = vec!["a".into(), "b".into()];
+    let mut inputs = vec![ins[0], ins[1]];
+    if let Some(t) = bias {
+        params.push("bias".into());
+        inputs.push(t);
+    }
+    params.extend(ptrs.iter().cloned());
+    inputs.extend(extra.iter().copied());
+    params.extend(["y".to_string(), "n".into()]);
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "# {name}: {batch} x [{rows} x {depth}] @ [{depth} x {cols}] (fp32, IEEE dot), tiles of {bm} x {bnn} x {bkk}{}",
+        if chain.is_empty() {
+            String::new()
+        } else {
+            format!(", {} pointwise op(s) fused after", chain.len())
+        }
+    );
+    let _ = writeln!(src, "@triton.jit\ndef {name}({}):", params.join(", "));
+    let _ = writeln!(
+        src,
+        "    p = {}\n    tn = p % {tn}\n    tm = (p // {tn}) % {tm}\n    z = p // {}",
+        program_id(wide),
+        tm * tn
+    );
+    let _ = writeln!(
+        src,
+        "    rm = tm * {bm} + tl.arange(0, {bm})\n    rn = tn * {bnn} + tl.arange(0, {bnn})\n    rk = tl.arange(0, {bkk})\n    acc = tl.zeros([{bm}, {bnn}], tl.float32)"
+    );
+    let _ = writeln!(src, "    for k0 in range(0, {depth}, {bkk}):");
+    let _ = writeln!(
+        src,
+        "        kk = k0 + rk\n        ta = tl.load(a + z * {za} + rm[:, None] * {am} + kk[None, :] * {ak}, mask=(rm[:, None] < {rows}) & (kk[None, :] < {depth}), other=0.0)\n        tb = tl.load(b + z * {zb} + kk[:, None] * {bk} + rn[None, :] * {bn}, mask=(kk[:, None] < {depth}) & (rn[None, :] < {cols}), other=0.0)\n        acc += tl.dot(ta, tb, input_precision=\"ieee\")"
+    );
+    if bias.is_some() {
+        let _ = writeln!(
+            src,
+            "    acc += tl.load(bias + rn, mask=rn < {cols}, other=0.0)[None, :]"
+        );
+    }
+    let _ = writeln!(
+        src,
+        "    i = z * {} + rm[:, None] * {cols} + rn[None, :]\n    m = (rm[:, None] < {rows}) & (rn[None, :] < {cols})",
+        rows * cols
+    );
+    let value = if chain.is_empty() {
+        "acc".to_string()
+    } else {
+        let (body, names) = chain_body_after(g, &chain, &extra, &ptrs, &so, (out, "acc"))?;
+        src.push_str(&body);
+        names[&result].clone()
+    };
+    let _ = writeln!(src, "    tl.store(y + i, {value}, mask=m)");
+    let mut region_nodes = vec![mm];
+    region_nodes.extend(chain.iter().copied());
+    Ok(Fragment {
+        name: name.to_string(),
+        action: Action {
+            kind: ActionKind::Fuse,
+            region: region_nodes.iter().map(|n| n.index() as u32).collect(),
+            params: Default::default(),
+        },
+        lang: Lang::Triton,
+        source: src,
+        inputs,
+        outputs: vec![result],
+        region: region_nodes,
+        launch: Launch {
+            shared: 0,
+            grid: grid(batch * tm * tn)?,
+            block: warps * 32,
+            sizes: vec![(batch * rows * cols) as i64],
+        },
+        before: Vec::new(),
+    })
 }
