@@ -89,6 +89,14 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
         // 1000) or through the fused chain (rows of 1001).
         ("y = cumsum(x, dim=1)", "x=2048x1000"),
         ("y = cumsum(relu(x) * 2.0, dim=1)", "x=2048x1001"),
+        // Exclusive scans: a warp per row, a block per row (reverse), a
+        // thread per line.
+        ("y = cumsum(x, dim=1, exclusive=true)", "x=2048x1000"),
+        (
+            "y = cumsum(x, dim=1, reverse=true, exclusive=true)",
+            "x=64x3000",
+        ),
+        ("y = cumsum(x, dim=1, exclusive=true)", "x=64x100x33"),
         ("y = logsumexp(exp(x) + 1.0, dim=1)", "x=512x8192"),
         ("y = relu(x @ w + b)", "x=1024x512,w=512x768,b=768"),
         ("y = x @ w.T", "x=1000x256,w=600x256"),

@@ -709,7 +709,7 @@ fn argmax_and_argmin_write_int64_indices_in_both_layouts() {
 }
 
 #[test]
-fn scans_compile_forward_and_reverse_in_both_layouts() {
+fn scans_compile_forward_reverse_and_exclusive_in_both_layouts() {
     for op in ["cumsum", "cumprod"] {
         // 512 rows: a block per row; 2048 rows: a warp per row, with
         // 16-byte loads when a row is a whole number of them.
@@ -732,6 +732,41 @@ fn scans_compile_forward_and_reverse_in_both_layouts() {
                 .contains("reinterpret_cast<const float4*>(x + xr + j)");
             assert_eq!(quads, warp == Some(true), "{shape}:\n{}", f.source);
         }
+    }
+    // Exclusive scans read one place back along the walk (the identity
+    // first): a block per row, a warp per row (element by element, even
+    // where the rows are whole quads), a thread per line (each element
+    // written before it joins the total); reverse ones one place forward.
+    for (intent, shape, read) in [
+        (
+            "cumsum(x, dim=2, exclusive=true)",
+            "16x32x128",
+            "float v = j >= 1 && j < K ? LOAD_X(xr + (j - 1)) : 0.0f;",
+        ),
+        (
+            "cumsum(x, dim=2, exclusive=true)",
+            "64x32x128",
+            "v[e] = j0 + e >= 1 && j0 + e < K ? LOAD_X(xr + j0 + e - 1) : 0.0f;",
+        ),
+        (
+            "cumprod(x, dim=2, reverse=true, exclusive=true)",
+            "64x32x128",
+            "LOAD_X(xr + K - 1 - (j0 + e - 1)) : 1.0f;",
+        ),
+        (
+            "cumsum(x, dim=1, exclusive=true)",
+            "16x32x128",
+            "y[at] = acc; acc = acc + LOAD_X(at);",
+        ),
+    ] {
+        let g = graph(&format!("y = {intent}"), &format!("x={shape}"));
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &last_node(&g))
+            .unwrap();
+        compiles(&f, intent);
+        assert!(f.source.contains("(exclusive)"), "{intent}:\n{}", f.source);
+        assert!(f.source.contains(read), "{intent}: {read}\n{}", f.source);
+        assert!(!f.source.contains("float4"), "{intent}:\n{}", f.source);
     }
     // KernelBench's reverse cumsum is flip, cumsum, flip: normalized into
     // one reverse scan, written as one kernel walking from the end.

@@ -1,5 +1,7 @@
-//! Scans (cumsum, cumprod, forward or reverse) along one dim, the input
-//! seen as `[outer, K, inner]`.
+//! Scans (cumsum, cumprod, forward or reverse, inclusive or exclusive)
+//! along one dim, the input seen as `[outer, K, inner]`. An exclusive scan
+//! is the inclusive scan of the input shifted one place along the walk
+//! (the identity first); a warp per row then reads element by element.
 //!
 //! - `inner == 1` (the scanned dim is the last), with rows enough to fill
 //!   the GPU a warp each: a warp per row walks it in tiles of
@@ -49,9 +51,6 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     else {
         return Err(Refusal::new(format!("`{}` is not a scan", n.name)));
     };
-    if exclusive {
-        return Err(Refusal::new("exclusive scans are not written yet"));
-    }
     let input = f32_input(g, node)?;
     let (outer, k, inner) = lines(&g.tensor(input).shape, dim);
     let block = one_per_thread(action, "scan")?;
@@ -68,11 +67,20 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let mut src = String::new();
     let _ = writeln!(
         src,
-        "// {name}: {what}{} over [{outer}, {k}, {inner}] (outer, scanned, inner)",
-        if reverse { " (reverse)" } else { "" }
+        "// {name}: {what}{}{} over [{outer}, {k}, {inner}] (outer, scanned, inner)",
+        if reverse { " (reverse)" } else { "" },
+        if exclusive { " (exclusive)" } else { "" }
     );
+    // Walk position `j` reads element `at(j)`, or, exclusive, `at(j - 1)`
+    // (the identity at position 0): the inclusive scan of the input
+    // shifted one place.
+    let (live, read) = if exclusive {
+        ("j >= 1 && j < K", at("(j - 1)"))
+    } else {
+        ("j < K", at("j"))
+    };
     let (grid, sizes) = if inner == 1 && outer >= WARP_ROWS {
-        warp_per_row(&mut src, name, k, reverse, identity, op);
+        warp_per_row(&mut src, name, k, (reverse, exclusive), identity, op);
         let warps = u64::from(block / 32);
         (
             outer.div_ceil(warps).clamp(1, WAVES * 2),
@@ -94,8 +102,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         src.push_str("            const long long j = base + threadIdx.x;\n");
         let _ = writeln!(
             src,
-            "            float v = j < K ? LOAD_X(xr + {}) : {identity};",
-            at("j")
+            "            float v = {live} ? LOAD_X(xr + {read}) : {identity};"
         );
         let _ = writeln!(
             src,
@@ -123,9 +130,15 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     } else {
         per_line(&mut src, name, "float");
         let _ = writeln!(src, "        float acc = {identity};");
+        // Exclusive: each element is written before it joins the total.
+        let step = if exclusive {
+            format!("y[at] = acc; acc = acc {op} LOAD_X(at);")
+        } else {
+            format!("acc = acc {op} LOAD_X(at); y[at] = acc;")
+        };
         let _ = writeln!(
             src,
-            "        for (long long j = 0; j < K; ++j) {{ long long at = base + {} * inner; acc = acc {op} LOAD_X(at); y[at] = acc; }}",
+            "        for (long long j = 0; j < K; ++j) {{ long long at = base + {} * inner; {step} }}",
             at("j")
         );
         src.push_str("    }\n}\n");
@@ -151,7 +164,14 @@ const LANE_ELEMENTS: u64 = 8;
 /// element `K - 1 - j` when `reverse`; a lane's elements are neighbours in
 /// memory either way, so its loads are 16-byte loads of the row read
 /// forward, their lanes reversed for a reverse walk.
-fn warp_per_row(src: &mut String, name: &str, k: u64, reverse: bool, identity: &str, op: &str) {
+fn warp_per_row(
+    src: &mut String,
+    name: &str,
+    k: u64,
+    (reverse, exclusive): (bool, bool),
+    identity: &str,
+    op: &str,
+) {
     let per = LANE_ELEMENTS;
     let _ = writeln!(
         src,
@@ -188,11 +208,20 @@ fn warp_per_row(src: &mut String, name: &str, k: u64, reverse: bool, identity: &
             j.to_string()
         }
     };
-    let scalar_load = format!(
-        "            #pragma unroll\n            for (int e = 0; e < {per}; ++e) v[e] = j0 + e < K ? LOAD_X(xr + {}) : {identity};",
-        at("j0 + e")
-    );
-    let vector = k.is_multiple_of(4);
+    // Exclusive: position j reads position j - 1 (the identity at 0), so
+    // a lane's reads are not 16-byte aligned: element by element.
+    let scalar_load = if exclusive {
+        format!(
+            "            #pragma unroll\n            for (int e = 0; e < {per}; ++e) v[e] = j0 + e >= 1 && j0 + e < K ? LOAD_X(xr + {}) : {identity};",
+            at("j0 + e - 1")
+        )
+    } else {
+        format!(
+            "            #pragma unroll\n            for (int e = 0; e < {per}; ++e) v[e] = j0 + e < K ? LOAD_X(xr + {}) : {identity};",
+            at("j0 + e")
+        )
+    };
+    let vector = k.is_multiple_of(4) && !exclusive;
     if vector {
         // Quad `q` of the lane holds walk positions j0 + 4q .. j0 + 4q + 3:
         // memory j0 + 4q on, or K - 4 - j0 - 4q on, read backwards.
