@@ -14,7 +14,7 @@ use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::{Loss, LossKind, Op, Reduction};
 
 use super::rows::{block_reduce, combine_partials, declare_partials, step};
-use super::{Refusal, WAVES, lit, one_node, one_per_thread};
+use super::{Refusal, WAVES, f32_input, lit, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
@@ -45,12 +45,8 @@ impl<'a> LossView<'a> {
                 n.name
             )));
         }
+        let shape = g.tensor(f32_input(g, node)?).shape.clone();
         let ins = g.inputs(node).to_vec();
-        let x = g.tensor(ins[0]);
-        if x.dtype != DType::F32 || n.outputs[0].dtype != DType::F32 {
-            return Err(Refusal::new(format!("`{}` is not float32", n.name)));
-        }
-        let shape = x.shape.clone();
         let same = ins
             .iter()
             .all(|&t| g.tensor(t).shape == shape && g.tensor(t).dtype == DType::F32);

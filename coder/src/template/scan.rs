@@ -19,7 +19,7 @@
 
 use std::fmt::Write as _;
 
-use mtmc_actions::graph::OpGraph;
+use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::{Op, Scan};
 
 use super::rows::{per_line, per_line_launch, per_row};
@@ -27,13 +27,23 @@ use super::{Refusal, WAVES, f32_input, one_node, one_per_thread};
 use crate::action::Action;
 use crate::program::{Fragment, Launch};
 
-/// `shape` scanned along `dim`, seen as `[outer, K, inner]`.
-pub(super) fn lines(shape: &[u64], dim: usize) -> (u64, u64, u64) {
-    (
+/// Scan `node` (float32 in and out): the op, its input, and the input
+/// seen as `[outer, K, inner]` along the scanned dim.
+pub(super) fn view(g: &OpGraph, node: NodeId) -> Result<(Scan, TensorRef, [u64; 3]), Refusal> {
+    let n = g.node(node);
+    let Op::Scan(scan) = &n.op else {
+        return Err(Refusal::new(format!("`{}` is not a scan", n.name)));
+    };
+    let input = f32_input(g, node)?;
+    let shape = &g.tensor(input).shape;
+    let dim = scan.dim;
+    let scan = scan.clone();
+    let lines = [
         shape[..dim].iter().product(),
         shape[dim],
         shape[dim + 1..].iter().product(),
-    )
+    ];
+    Ok((scan, input, lines))
 }
 
 /// Generates the kernel for a single scan node.
@@ -41,18 +51,16 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let [node] = action.nodes()[..] else {
         return Err(Refusal::new("a scan kernel covers one op"));
     };
-    let n = g.node(node);
-    let Op::Scan(Scan {
-        prod,
-        dim,
-        reverse,
-        exclusive,
-    }) = n.op
-    else {
-        return Err(Refusal::new(format!("`{}` is not a scan", n.name)));
-    };
-    let input = f32_input(g, node)?;
-    let (outer, k, inner) = lines(&g.tensor(input).shape, dim);
+    let (
+        Scan {
+            prod,
+            reverse,
+            exclusive,
+            ..
+        },
+        input,
+        [outer, k, inner],
+    ) = view(g, node)?;
     let block = one_per_thread(action, "scan")?;
     let (identity, op) = if prod { ("1.0f", "*") } else { ("0.0f", "+") };
     // Position `j` of the walk is element `at(j)` of the line.

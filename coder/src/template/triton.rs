@@ -45,7 +45,7 @@ use super::loss::LossView;
 use super::pointwise::{boundary, broadcast_offset, broadcasts, shape};
 use super::pool::Window;
 use super::rows::{Kind, row_view};
-use super::scan::lines;
+use super::scan;
 use super::{Refusal, f32_input};
 use crate::MicroCoder;
 use crate::action::{Action, ActionKind};
@@ -1214,34 +1214,32 @@ fn pool(
 /// BLOCK columns)` stepping along the dim. An exclusive scan is the
 /// inclusive scan of the input shifted one place (the identity first).
 fn scan(g: &OpGraph, node: NodeId, name: &str, warps: u32) -> Result<Fragment, Refusal> {
-    let n = g.node(node);
-    let Op::Scan(Scan {
-        prod,
-        dim,
-        reverse,
-        exclusive,
-    }) = &n.op
-    else {
-        return Err(Refusal::new(format!("`{}` is not a scan", n.name)));
-    };
-    let input = f32_input(g, node)?;
+    let (
+        Scan {
+            prod,
+            dim,
+            reverse,
+            exclusive,
+        },
+        input,
+        [outer, k, inner],
+    ) = scan::view(g, node)?;
     let shape = g.tensor(input).shape.clone();
-    let (outer, k, inner) = lines(&shape, *dim);
     let wide = g.tensor(input).numel() >= 1 << 31;
-    let (identity, op, scan_fn) = if *prod {
+    let (identity, op, scan_fn) = if prod {
         ("1.0", "*", "tl.cumprod")
     } else {
         ("0.0", "+", "tl.cumsum")
     };
     // Position in the dim of scan step `t`, and of the input it reads.
     let at = |t: &str| {
-        if *reverse {
+        if reverse {
             format!("({} - 1 - {t})", k)
         } else {
             t.to_string()
         }
     };
-    let from = |t: &str| match (*exclusive, *reverse) {
+    let from = |t: &str| match (exclusive, reverse) {
         (false, _) => at(t),
         (true, false) => format!("({t} - 1)"),
         (true, true) => format!("({k} - {t})"),
@@ -1249,10 +1247,10 @@ fn scan(g: &OpGraph, node: NodeId, name: &str, warps: u32) -> Result<Fragment, R
     let mut src = String::new();
     let direction = format!(
         "{}{}",
-        if *reverse { ", reverse" } else { "" },
-        if *exclusive { ", exclusive" } else { "" }
+        if reverse { ", reverse" } else { "" },
+        if exclusive { ", exclusive" } else { "" }
     );
-    let what = if *prod { "cumprod" } else { "cumsum" };
+    let what = if prod { "cumprod" } else { "cumsum" };
     let (programs, sizes) = if inner == 1 {
         let bk = pow2(k).min(TILE);
         let _ = writeln!(
