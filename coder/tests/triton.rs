@@ -211,6 +211,18 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
         ),
         ("mean of all", graph("y = mean(x, dim=[0, 1])", "x=40x33")),
         (
+            "mean of one long line, cut into runs",
+            graph("y = mean((a - b) ** 2, dim=[0, 1])", "a=64x1000,b=64x1000"),
+        ),
+        (
+            "max of long rows, cut into runs",
+            graph("y = max(x, dim=-1)", "x=3x40000"),
+        ),
+        (
+            "min over a long middle dim, cut into runs",
+            graph("y = min(x * -1, dim=1)", "x=2x20000x3"),
+        ),
+        (
             "norm over a long row",
             graph("y = norm(x, dim=-1)", "x=3x20000"),
         ),
@@ -265,6 +277,14 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
         (
             "batch norm of many rows, tiles",
             norm_graph(NormKind::Batch, &[5000, 3]),
+        ),
+        (
+            "batch norm of [N, C], channel tiles",
+            norm_graph(NormKind::Batch, &[300, 70]),
+        ),
+        (
+            "batch norm of [N, C], narrow channel tiles",
+            norm_graph(NormKind::Batch, &[40, 600]),
         ),
         (
             "dilated max pool 2-d",
@@ -568,4 +588,37 @@ fn what_the_triton_coder_cannot_write_is_refused_with_the_reason() {
         )
         .unwrap_err();
     assert!(r.0.contains("power of two"), "{r}");
+}
+
+#[test]
+fn few_long_lines_are_cut_into_runs_combined_atomically() {
+    let Some(python) = python() else { return };
+    let params = Params {
+        block: 128,
+        vector: 1,
+    };
+    for (what, expr, shapes, atomic) in [
+        (
+            "mean",
+            "y = mean(x, dim=[0, 1])",
+            "x=64x1000",
+            "tl.atomic_add",
+        ),
+        ("max", "y = max(x, dim=-1)", "x=3x40000", "tl.atomic_max"),
+        ("min", "y = min(x, dim=1)", "x=2x20000x3", "tl.atomic_min"),
+    ] {
+        let p = build(&graph(expr, shapes), &python, params);
+        let f = &p.fragments[0];
+        assert!(f.source.contains(atomic), "{what}: {}", f.source);
+        assert_eq!(f.before.len(), 1, "{what}: the pass setting the identity");
+        assert!(f.launch.grid > 8, "{what}: {} programs", f.launch.grid);
+    }
+    // Many rows are not cut: a program per row, stored.
+    let p = build(
+        &graph("y = sum(x, dim=-1)", "x=4096x40000"),
+        &python,
+        params,
+    );
+    assert!(p.fragments[0].before.is_empty());
+    assert!(!p.fragments[0].source.contains("atomic"));
 }

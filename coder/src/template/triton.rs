@@ -10,14 +10,17 @@
 //!   global pooling) and softmax / log_softmax over a run of adjacent
 //!   dims, seen as `[outer, K, inner]`: a program per row when `inner ==
 //!   1`, else a program per `(outer, tile of columns)` over `[BK, BI]`
-//!   tiles; a row of up to [`WHOLE_ROW`] elements is read once;
+//!   tiles; a row of up to [`WHOLE_ROW`] elements is read once; a sum,
+//!   mean, max or min over few long lines cuts each line into runs
+//!   combined atomically ([`Split`]);
 //! - layer, RMS, group and instance norm (batch statistics) with their
 //!   scale and shift, a program per normalized group; batch norm with
 //!   batch statistics, a program per channel over its `N × spatial`
-//!   elements;
+//!   elements, or per tile of channels for `[N, C]`;
 //! - fp32 GEMMs (batched or not, either operand transposed) with their
-//!   bias and the pointwise chain after them, a program per `64 × 64`
-//!   output tile, `tl.dot` at IEEE precision;
+//!   bias and the pointwise chain after them, a program per `128 × 128`
+//!   (8 warps or more) or `64 × 64` output tile, `tl.dot` at `tf32x3`
+//!   (fp32 accuracy);
 //! - a pointwise chain fused in front of a row kernel: a jit function
 //!   computing the chain's value at the offsets the kernel reads;
 //! - max and average pooling over 1–3 spatial dims, channels first or
@@ -729,11 +732,19 @@ fn rows(
     let whole = !columns && k <= WHOLE_ROW;
     let bk = if whole { pow2(k) } else { bk };
     let tiles = inner.div_ceil(bi);
+    let split = Split::of(kind, outer * tiles, k, bk);
     let mut src = String::new();
     let _ = writeln!(
         src,
-        "# {name}: {kind:?} over [{outer}, {k}, {inner}] (outer, reduced, inner), tiles of [{bk}, {bi}]"
+        "# {name}: {kind:?} over [{outer}, {k}, {inner}] (outer, reduced, inner), tiles of [{bk}, {bi}]{}",
+        split.map_or(String::new(), |s| format!(
+            ", each line cut into {} runs of {} combined atomically",
+            s.parts, s.run
+        ))
     );
+    if let Some(s) = split {
+        s.init(&mut src, name, &loader.params, kind, columns);
+    }
     src.push_str(&loader.source);
     let mut params = loader.params.clone();
     params.push("y".into());
@@ -744,6 +755,19 @@ fn rows(
     });
     let _ = writeln!(src, "@triton.jit\ndef {name}({}):", params.join(", "));
     let pid = program_id(wide);
+    // A split line: program `pid` takes run `s` of line `pid // parts`.
+    let (pid, k0, k_end) = match split {
+        Some(s) => {
+            let _ = writeln!(src, "    q = {pid}");
+            let _ = writeln!(src, "    s = q % {}", s.parts);
+            (
+                format!("q // {}", s.parts),
+                format!("s * {} + ", s.run),
+                s.run,
+            )
+        }
+        None => (pid.to_string(), String::new(), k),
+    };
     // Per kind, the shapes: `kk` the tile's steps along K, `mask` the
     // tile's mask, `at` its offsets; `out` where a row's result goes.
     let (step, mask, at, out, out_mask, axis_shape) = if columns {
@@ -754,7 +778,7 @@ fn rows(
         src.push_str("    base = o * K * INNER + c\n");
         let _ = writeln!(src, "    k = tl.arange(0, {bk})");
         (
-            "kk = k0 + k".to_string(),
+            format!("kk = {k0}k0 + k"),
             "(kk < K)[:, None] & cm[None, :]".to_string(),
             "base[None, :] + kk[:, None] * INNER".to_string(),
             "y + o * INNER + c".to_string(),
@@ -766,7 +790,7 @@ fn rows(
         src.push_str("    base = r * K\n");
         let _ = writeln!(src, "    k = tl.arange(0, {bk})");
         (
-            "kk = k0 + k".to_string(),
+            format!("kk = {k0}k0 + k"),
             "kk < K".to_string(),
             "base + kk".to_string(),
             "y + r".to_string(),
@@ -790,11 +814,23 @@ fn rows(
     };
     if let Some((ident, update, reduce)) = monoid(kind) {
         let _ = writeln!(src, "    acc = tl.full({axis_shape}, {ident}, tl.float32)");
-        let _ = writeln!(src, "    for k0 in range(0, {k}, {bk}):");
+        let _ = writeln!(src, "    for k0 in range(0, {k_end}, {bk}):");
         tile(&mut src, ident);
         let _ = writeln!(src, "        acc = {update}");
         let _ = writeln!(src, "    res = {reduce}(acc, axis=0)");
-        let _ = writeln!(src, "    tl.store({out}, {}{out_mask})", finish("res"));
+        match split {
+            Some(_) => {
+                let _ = writeln!(
+                    src,
+                    "    {}({out}, {}{out_mask})",
+                    Split::combine(kind),
+                    finish("res")
+                );
+            }
+            None => {
+                let _ = writeln!(src, "    tl.store({out}, {}{out_mask})", finish("res"));
+            }
+        }
     } else if let Kind::Arg { max } = kind {
         let (ident, better) = if max {
             ("float(\"-inf\")", ">")
@@ -897,7 +933,95 @@ fn rows(
     } else {
         (outer, vec![outer as i64, k as i64])
     };
-    node_fragment(name, node, src, loader.inputs, grid(programs)?, sizes)
+    let parts = split.map_or(1, |s| s.parts);
+    let mut f = node_fragment(
+        name,
+        node,
+        src,
+        loader.inputs,
+        grid(programs * parts)?,
+        sizes.clone(),
+    )?;
+    if split.is_some() {
+        f.before = vec![Pass {
+            kernel: format!("{name}_init"),
+            launch: Launch {
+                shared: 0,
+                grid: grid((outer * inner).div_ceil(INIT_BLOCK))?,
+                block: 128,
+                sizes,
+            },
+        }];
+    }
+    Ok(f)
+}
+
+/// Lines (rows, or tiles of columns) below this many are cut into runs
+/// along the reduced dim, so that the GPU has work for every SM.
+const SPLIT_BELOW: u64 = 132 * 2;
+
+/// Programs a split reduction aims at.
+const SPLIT_PROGRAMS: u64 = 132 * 8;
+
+/// Outputs one program of a split reduction's first pass sets.
+const INIT_BLOCK: u64 = 1024;
+
+/// A reduction whose lines are few and long, each cut into `parts` runs of
+/// `run` elements (a multiple of the tile): a pass sets every output to the
+/// identity, then a program per run combines its partial into the output
+/// with an atomic add, max or min.
+#[derive(Clone, Copy, Debug)]
+struct Split {
+    parts: u64,
+    run: u64,
+}
+
+impl Split {
+    /// The split of `lines` lines of `k` reduced elements in tiles of `bk`,
+    /// if the kind combines atomically (sum, mean, max, min) and the lines
+    /// are too few to fill the GPU.
+    fn of(kind: Kind, lines: u64, k: u64, bk: u64) -> Option<Split> {
+        if !matches!(kind, Kind::Sum | Kind::Mean | Kind::Max | Kind::Min)
+            || lines >= SPLIT_BELOW
+            || k < 4 * bk
+        {
+            return None;
+        }
+        let tiles = k.div_ceil(bk);
+        let want = SPLIT_PROGRAMS.div_ceil(lines).min(tiles);
+        let run = tiles.div_ceil(want) * bk;
+        let parts = k.div_ceil(run);
+        (parts > 1).then_some(Split { parts, run })
+    }
+
+    /// The atomic that combines a run's partial into the output.
+    fn combine(kind: Kind) -> &'static str {
+        match kind {
+            Kind::Max => "tl.atomic_max",
+            Kind::Min => "tl.atomic_min",
+            _ => "tl.atomic_add",
+        }
+    }
+
+    /// The first pass, `{name}_init`: every output set to the identity of
+    /// `kind`, [`INIT_BLOCK`] outputs a program.
+    fn init(self, src: &mut String, name: &str, params: &[String], kind: Kind, columns: bool) {
+        let ident = match kind {
+            Kind::Max => "float(\"-inf\")",
+            Kind::Min => "float(\"inf\")",
+            _ => "0.0",
+        };
+        let (sizes, outs) = if columns {
+            ("OUTER, K, INNER", "OUTER * INNER")
+        } else {
+            ("R, K", "R")
+        };
+        let _ = writeln!(
+            src,
+            "@triton.jit\ndef {name}_init({}, y, {sizes}):\n    i = tl.program_id(0) * {INIT_BLOCK} + tl.arange(0, {INIT_BLOCK})\n    tl.store(y + i, tl.full([{INIT_BLOCK}], {ident}, tl.float32), mask=i < {outs})",
+            params.join(", ")
+        );
+    }
 }
 
 /// The fragment of a kernel computing the one node `node`: a custom kernel
@@ -1496,6 +1620,16 @@ fn batch_norm(
     let shape = g.tensor(ins[0]).shape.clone();
     let (n, c) = (shape[0], shape[1]);
     let spatial: u64 = shape[2..].iter().product();
+    if spatial == 1 {
+        return batch_norm_columns(
+            node,
+            name,
+            (loader, &ins),
+            wide,
+            (n, c),
+            (eps, affine, bias),
+        );
+    }
     let count = n * spatial;
     let bj = pow2(count).min(TILE);
     let (mut src, inputs) = norm_head(
@@ -1510,36 +1644,22 @@ fn batch_norm(
         "    c = {}\n    j = tl.arange(0, {bj})",
         program_id(wide)
     );
-    let load = loader.load("at", "m");
-    let pass = |src: &mut String| {
-        let _ = writeln!(src, "    for j0 in range(0, {count}, {bj}):");
-        let _ = writeln!(
-            src,
-            "        jj = j0 + j\n        m = jj < {count}\n        at = (jj // {spatial}) * {} + c * {spatial} + jj % {spatial}\n        v = tl.where(m, {load}, 0.0)",
-            c * spatial
-        );
-    };
-    let _ = writeln!(src, "    sv = tl.zeros([{bj}], tl.float32)");
-    pass(&mut src);
-    src.push_str("        sv += v\n");
-    let _ = writeln!(src, "    mean = tl.sum(sv, axis=0) / {count}.0");
-    let _ = writeln!(src, "    qv = tl.zeros([{bj}], tl.float32)");
-    pass(&mut src);
-    src.push_str("        d = tl.where(m, v - mean, 0.0)\n        qv += d * d\n");
-    let _ = writeln!(
-        src,
-        "    rstd = 1.0 / tl.sqrt_rn(tl.sum(qv, axis=0) / {count}.0 + {})",
-        lit(eps)?
+    let tile = format!(
+        "    for j0 in range(0, {count}, {bj}):\n        jj = j0 + j\n        m = jj < {count}\n        at = (jj // {spatial}) * {} + c * {spatial} + jj % {spatial}\n        v = tl.where(m, {}, 0.0)\n",
+        c * spatial,
+        loader.load("at", "m")
     );
-    let mut out = "(v - mean) * rstd".to_string();
-    if affine {
-        out += " * tl.load(w + c)";
-    }
-    if bias {
-        out += " + tl.load(b + c)";
-    }
-    pass(&mut src);
-    let _ = writeln!(src, "        tl.store(y + at, {out}, mask=m)");
+    batch_norm_passes(
+        &mut src,
+        &tile,
+        (&format!("[{bj}]"), ""),
+        count,
+        eps,
+        (
+            affine.then_some("tl.load(w + c)"),
+            bias.then_some("tl.load(b + c)"),
+        ),
+    )?;
     node_fragment(
         name,
         node,
@@ -1550,13 +1670,117 @@ fn batch_norm(
     )
 }
 
-/// Output tile of a Triton GEMM (rows and columns), and its depth step.
-const GEMM_TILE: (u64, u64, u64) = (64, 64, 32);
+/// Batch norm with batch statistics over `[N, C]`: a program per `BC`
+/// neighbouring channels, stepping down the rows in `[BJ, BC]` tiles (a
+/// channel's elements lie `C` apart, so a program per channel would read a
+/// float per line): the means, the variances of the deviations, then the
+/// output. `BC` is the widest of 64, 32, 16, 8 that leaves 264 programs.
+fn batch_norm_columns(
+    node: NodeId,
+    name: &str,
+    (loader, ins): (Loader, &[TensorRef]),
+    wide: bool,
+    (n, c): (u64, u64),
+    (eps, affine, bias): (f64, bool, bool),
+) -> Result<Fragment, Refusal> {
+    let mut bc = 64.min(pow2(c));
+    while bc > 8 && c.div_ceil(bc) < SPLIT_BELOW {
+        bc /= 2;
+    }
+    let bj = pow2(n).min(TILE / bc);
+    let (mut src, inputs) = norm_head(
+        name,
+        &format!(
+            "batch norm over {c} channels of {n} rows (eps {eps}), {bc} channels a program, tiles of [{bj}, {bc}]"
+        ),
+        &loader,
+        ins,
+        (affine, bias),
+    );
+    let _ = writeln!(
+        src,
+        "    c = {} * {bc} + tl.arange(0, {bc})\n    cm = c < {c}\n    j = tl.arange(0, {bj})",
+        program_id(wide)
+    );
+    let tile = format!(
+        "    for j0 in range(0, {n}, {bj}):\n        jj = j0 + j\n        m = (jj < {n})[:, None] & cm[None, :]\n        at = jj[:, None] * {c} + c[None, :]\n        v = tl.where(m, {}, 0.0)\n",
+        loader.load("at", "m")
+    );
+    batch_norm_passes(
+        &mut src,
+        &tile,
+        (&format!("[{bj}, {bc}]"), "[None, :]"),
+        n,
+        eps,
+        (
+            affine.then_some("tl.load(w + c, mask=cm, other=0.0)"),
+            bias.then_some("tl.load(b + c, mask=cm, other=0.0)"),
+        ),
+    )?;
+    node_fragment(
+        name,
+        node,
+        src,
+        inputs,
+        grid(c.div_ceil(bc))?,
+        vec![c as i64, n as i64],
+    )
+}
+
+/// The three passes of a batch norm over `count` elements a channel, each
+/// looping over `tile` (lines ending with the masked tile `v`, its mask
+/// `m` and offsets `at`): the sum into a `shape` accumulator for the mean,
+/// the squared deviations for the variance, then the output, scaled by
+/// `w` and shifted by `b` where given. `per` broadcasts a program's
+/// per-channel values over its tile.
+fn batch_norm_passes(
+    src: &mut String,
+    tile: &str,
+    (shape, per): (&str, &str),
+    count: u64,
+    eps: f64,
+    (w, b): (Option<&str>, Option<&str>),
+) -> Result<(), Refusal> {
+    let _ = writeln!(src, "    sv = tl.zeros({shape}, tl.float32)");
+    src.push_str(tile);
+    src.push_str("        sv += v\n");
+    let _ = writeln!(src, "    mean = tl.sum(sv, axis=0) / {count}.0");
+    let _ = writeln!(src, "    qv = tl.zeros({shape}, tl.float32)");
+    src.push_str(tile);
+    let _ = writeln!(
+        src,
+        "        d = tl.where(m, v - mean{per}, 0.0)\n        qv += d * d"
+    );
+    let _ = writeln!(
+        src,
+        "    rstd = 1.0 / tl.sqrt_rn(tl.sum(qv, axis=0) / {count}.0 + {})",
+        lit(eps)?
+    );
+    let _ = writeln!(
+        src,
+        "    sc = rstd{}",
+        w.map_or(String::new(), |w| format!(" * {w}"))
+    );
+    src.push_str(tile);
+    let _ = writeln!(
+        src,
+        "        tl.store(y + at, (v - mean{per}) * sc{per}{}, mask=m)",
+        b.map_or(String::new(), |b| format!(" + {b}{per}"))
+    );
+    Ok(())
+}
+
+/// Output tile of a Triton GEMM (rows and columns), and its depth step:
+/// the first for programs of 8 warps or more, the second for fewer.
+const GEMM_TILES: [(u64, u64, u64); 2] = [(128, 128, 32), (64, 64, 32)];
 
 /// An fp32 GEMM (`matmul`/`linear`, batched or not, either operand
 /// transposed) with its bias and the pointwise chain after it fused into
-/// the store: a program per `64 × 64` output tile (and batch), stepping
-/// 32 deep with `tl.dot` at IEEE fp32 precision (no TF32).
+/// the store: a program per `128 × 128` output tile (and batch) with 8
+/// warps or more, else per `64 × 64` tile, stepping 32 deep with `tl.dot`
+/// at fp32 accuracy on the tensor cores: `tf32x3`, each operand split into
+/// a TF32 value and a TF32 remainder and the three largest cross products
+/// summed (not TF32 alone), as the CUDA GEMM does.
 fn gemm(g: &OpGraph, region: &[NodeId], name: &str, warps: u32) -> Result<Fragment, Refusal> {
     let mm = region[0];
     let Op::MatMul(m) = &g.node(mm).op else {
@@ -1632,7 +1856,7 @@ fn gemm(g: &OpGraph, region: &[NodeId], name: &str, warps: u32) -> Result<Fragme
             g.node(t.node).name
         )));
     }
-    let (bm, bnn, bkk) = GEMM_TILE;
+    let (bm, bnn, bkk) = GEMM_TILES[usize::from(warps < 8)];
     let (tm, tn) = (rows.div_ceil(bm), cols.div_ceil(bnn));
     let wide = so.iter().product::<u64>() >= 1 << 31
         || sa.iter().product::<u64>() >= 1 << 31
@@ -1650,7 +1874,7 @@ fn gemm(g: &OpGraph, region: &[NodeId], name: &str, warps: u32) -> Result<Fragme
     let mut src = String::new();
     let _ = writeln!(
         src,
-        "# {name}: {batch} x [{rows} x {depth}] @ [{depth} x {cols}] (fp32, IEEE dot), tiles of {bm} x {bnn} x {bkk}{}",
+        "# {name}: {batch} x [{rows} x {depth}] @ [{depth} x {cols}] (fp32, 3xTF32 dot), tiles of {bm} x {bnn} x {bkk}{}",
         if chain.is_empty() {
             String::new()
         } else {
@@ -1671,7 +1895,7 @@ fn gemm(g: &OpGraph, region: &[NodeId], name: &str, warps: u32) -> Result<Fragme
     let _ = writeln!(src, "    for k0 in range(0, {depth}, {bkk}):");
     let _ = writeln!(
         src,
-        "        kk = k0 + rk\n        ta = tl.load(a + z * {za} + rm[:, None] * {am} + kk[None, :] * {ak}, mask=(rm[:, None] < {rows}) & (kk[None, :] < {depth}), other=0.0)\n        tb = tl.load(b + z * {zb} + kk[:, None] * {bk} + rn[None, :] * {bn}, mask=(kk[:, None] < {depth}) & (rn[None, :] < {cols}), other=0.0)\n        acc += tl.dot(ta, tb, input_precision=\"ieee\")"
+        "        kk = k0 + rk\n        ta = tl.load(a + z * {za} + rm[:, None] * {am} + kk[None, :] * {ak}, mask=(rm[:, None] < {rows}) & (kk[None, :] < {depth}), other=0.0)\n        tb = tl.load(b + z * {zb} + kk[:, None] * {bk} + rn[None, :] * {bn}, mask=(kk[:, None] < {depth}) & (rn[None, :] < {cols}), other=0.0)\n        acc += tl.dot(ta, tb, input_precision=\"tf32x3\")"
     );
     if bias.is_some() {
         let _ = writeln!(
