@@ -99,6 +99,34 @@ fn norm_graph(kind: NormKind, shape: &[u64]) -> OpGraph {
     g
 }
 
+/// `y = F.normalize(x, p, dim=-1)` over `x` of `shape`.
+fn lp_graph(p: f64, shape: &[u64]) -> OpGraph {
+    let mut g = OpGraph::new();
+    let t = TensorType::new(shape.to_vec(), DType::F32);
+    let x = g
+        .add("x", Op::Input { name: "x".into() }, &[], vec![t.clone()])
+        .unwrap();
+    let y = g
+        .add(
+            "y",
+            Op::Norm(Norm {
+                kind: NormKind::Lp {
+                    p,
+                    dim: shape.len() - 1,
+                },
+                eps: 1e-12,
+                affine: false,
+                bias: false,
+                batch_stats: true,
+            }),
+            &[TensorRef::first(x)],
+            vec![t],
+        )
+        .unwrap();
+    g.set_outputs(vec![TensorRef::first(y)]);
+    g
+}
+
 /// `triu(x, diagonal=1)` of `x` of `shape`, then `exp`.
 fn triu_graph(shape: &[u64]) -> OpGraph {
     let mut g = OpGraph::new();
@@ -261,6 +289,8 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
             norm_graph(NormKind::Instance, &[2, 3, 7, 9]),
         ),
         ("batch norm", norm_graph(NormKind::Batch, &[6, 5, 9, 7])),
+        ("L2 normalize of rows", lp_graph(2.0, &[7, 300])),
+        ("L1 normalize of long rows", lp_graph(1.0, &[3, 10000])),
         (
             "linear with its bias and a chain after it",
             graph("y = gelu(x @ w.T + b) * 0.5", "x=70x100,w=90x100,b=90"),

@@ -14,7 +14,8 @@
 //!   mean, max or min over few long lines cuts each line into runs
 //!   combined atomically ([`Split`]);
 //! - layer, RMS, group and instance norm (batch statistics) with their
-//!   scale and shift, a program per normalized group; batch norm with
+//!   scale and shift, and L1 / L2 normalization over the last dim, a
+//!   program per normalized group; batch norm with
 //!   batch statistics, a program per channel over its `N × spatial`
 //!   elements, or per tile of channels for `[N, C]`;
 //! - fp32 GEMMs (batched or not, either operand transposed) with their
@@ -1057,9 +1058,11 @@ fn node_fragment(
     })
 }
 
-/// Layer, RMS, group and instance norm (batch statistics): a program per
-/// normalized group (a contiguous row), the mean, then the variance of the
-/// deviations, then the scaled and shifted output.
+/// Layer, RMS, group and instance norm (batch statistics), and L1 / L2
+/// normalization over the last dim: a program per normalized group (a
+/// contiguous row), the mean (not for RMS and Lp), then the sum of the
+/// squared deviations (of the absolute values for L1), then the scaled and
+/// shifted output.
 fn norm(
     g: &OpGraph,
     node: NodeId,
@@ -1115,6 +1118,11 @@ fn norm(
             shape[2..].iter().product(),
             format!("r % {} + kk * 0", shape[1]),
         ),
+        NormKind::Lp { p, dim } if (*p == 1.0 || *p == 2.0) && *dim + 1 == shape.len() => (
+            shape[..*dim].iter().product::<u64>(),
+            shape[*dim],
+            "kk".to_string(),
+        ),
         other => {
             return Err(Refusal::new(format!(
                 "no Triton norm kernel yet for {other:?}{}",
@@ -1126,7 +1134,25 @@ fn norm(
             )));
         }
     };
-    let rms = matches!(kind, NormKind::Rms { .. });
+    // Uncentred (RMS, Lp) or not; each element's term of the sum; the
+    // factor `rstd` from the sum.
+    let eps = lit(*eps)?;
+    let (rms, term, rstd) = match kind {
+        NormKind::Lp { p, .. } => (
+            true,
+            if *p == 1.0 { "tl.abs(d)" } else { "d * d" },
+            if *p == 1.0 {
+                format!("1.0 / tl.maximum(SUM, {eps})")
+            } else {
+                format!("1.0 / tl.maximum(tl.sqrt_rn(SUM), {eps})")
+            },
+        ),
+        _ => (
+            matches!(kind, NormKind::Rms { .. }),
+            "d * d",
+            format!("1.0 / tl.sqrt_rn(SUM / K + {eps})"),
+        ),
+    };
     let whole = k <= WHOLE_ROW;
     let bk = if whole { pow2(k) } else { TILE };
     let (mut src, inputs) = norm_head(
@@ -1139,7 +1165,6 @@ fn norm(
     let _ = writeln!(src, "    r = {}", program_id(wide));
     src.push_str("    base = r * K\n");
     let _ = writeln!(src, "    k = tl.arange(0, {bk})");
-    let eps = lit(*eps)?;
     let mut out = "d * rstd".to_string();
     if *affine {
         out += &format!(" * tl.load(w + {channel}, mask=m, other=0.0)");
@@ -1157,8 +1182,8 @@ fn norm(
             src.push_str("    mean = tl.sum(v, axis=0) / K\n");
         }
         src.push_str("    d = tl.where(m, v - mean, 0.0)\n");
-        src.push_str("    var = tl.sum(d * d, axis=0) / K\n");
-        let _ = writeln!(src, "    rstd = 1.0 / tl.sqrt_rn(var + {eps})");
+        let _ = writeln!(src, "    ss = tl.sum({term}, axis=0)");
+        let _ = writeln!(src, "    rstd = {}", rstd.replace("SUM", "ss"));
         let _ = writeln!(src, "    tl.store(y + base + kk, {out}, mask=m)");
     } else {
         let pass = |src: &mut String| {
@@ -1176,10 +1201,14 @@ fn norm(
         }
         let _ = writeln!(src, "    qv = tl.zeros([{bk}], tl.float32)");
         pass(&mut src);
-        src.push_str("        d = tl.where(m, v - mean, 0.0)\n        qv += d * d\n");
         let _ = writeln!(
             src,
-            "    rstd = 1.0 / tl.sqrt_rn(tl.sum(qv, axis=0) / K + {eps})"
+            "        d = tl.where(m, v - mean, 0.0)\n        qv += {term}"
+        );
+        let _ = writeln!(
+            src,
+            "    rstd = {}",
+            rstd.replace("SUM", "tl.sum(qv, axis=0)")
         );
         pass(&mut src);
         src.push_str("        d = v - mean\n");
