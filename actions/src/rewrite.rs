@@ -7,6 +7,14 @@
 //!   through per-feature affine steps, becomes a GEMV against the reduced
 //!   weights (`Σ_j (x Wᵀ)_ij = x · Σ_j W_j`). The reduced weights are
 //!   computed from the parameter in every forward, never assumed frozen.
+//! - [`fold_into_weights`]: the per-channel scales (`* s`, `/ s`), shifts
+//!   (`+ t`, `- t`) and eval-mode batch norms right after a linear layer
+//!   (`x Wᵀ + b`) or a convolution, their operands parameters or
+//!   constants, become part of its weights and bias: `W' = W · s` channel
+//!   by channel, `b' = chain(b)` (from zeros where it had no bias). The
+//!   folded weights are ops on the parameters, so the export keeps them
+//!   until a parameter changes (its storage or version counter) and
+//!   recomputes them then; they are never assumed frozen.
 //! - [`drop_size_one_reductions`]: a reduction over dims that all have
 //!   extent 1 leaves its input unchanged; it becomes a view.
 //! - [`drop_nested_clamps`]: of two clamps in a row (clamp, hardtanh,
@@ -37,8 +45,9 @@ use crate::op::{
 pub type Rewrite = (&'static str, fn(&OpGraph) -> Option<OpGraph>);
 
 /// Every rewrite, in the order they are tried.
-pub const REWRITES: [Rewrite; 5] = [
+pub const REWRITES: [Rewrite; 6] = [
     ("reduce_before_gemm", reduce_before_gemm),
+    ("fold_into_weights", fold_into_weights),
     ("drop_size_one_reductions", drop_size_one_reductions),
     ("drop_nested_clamps", drop_nested_clamps),
     ("conv_bias_in_epilogue", conv_bias_in_epilogue),
@@ -88,6 +97,22 @@ fn redirect(g: &mut OpGraph, from: NodeId, to: TensorRef) {
 
 /// Adds a node of the rewritten graph: name, op, inputs, output shape.
 type AddNode<'a> = dyn FnMut(&mut OpGraph, String, Op, &[TensorRef], Vec<u64>) -> TensorRef + 'a;
+
+/// Adds nodes of `dtype` one after another in the graph's order, the first
+/// right after `anchor`; each returns its result.
+fn adder(
+    dtype: crate::DType,
+    mut anchor: NodeId,
+) -> impl FnMut(&mut OpGraph, String, Op, &[TensorRef], Vec<u64>) -> TensorRef {
+    move |g, name, op, inputs, shape| {
+        let id = g
+            .add(name, op, inputs, vec![TensorType::new(shape, dtype)])
+            .expect("inputs exist");
+        g.place_after(id, anchor);
+        anchor = id;
+        TensorRef::first(id)
+    }
+}
 
 /// One step between the GEMM and the reduction, affine per feature.
 enum Step {
@@ -172,6 +197,318 @@ pub fn reduce_before_gemm(g: &OpGraph) -> Option<OpGraph> {
     None
 }
 
+/// One step after a linear layer or convolution that [`fold_into_weights`]
+/// folds.
+enum FoldStep {
+    /// A constant step (`x * 2`, `x - 1`, `2 * x`), applied as it is.
+    Constant(NodeId),
+    /// `x op v`, `v` a parameter with one value per output channel (or one
+    /// in all); `Mul` and `Add` with `v` on either side.
+    Operand(NodeId, BinaryOp, TensorRef),
+    /// A batch norm with running statistics (eval mode):
+    /// `(x - mean) · w / sqrt(var + eps) + b`.
+    EvalNorm(NodeId),
+}
+
+impl FoldStep {
+    fn node(&self) -> NodeId {
+        match *self {
+            FoldStep::Constant(n) | FoldStep::Operand(n, ..) | FoldStep::EvalNorm(n) => n,
+        }
+    }
+}
+
+/// A primitive of a folded step: the op of a constant step, or `x op v`.
+enum Primitive {
+    Constant(Op),
+    Operand(BinaryOp, TensorRef),
+}
+
+impl Primitive {
+    fn scales(&self) -> bool {
+        match self {
+            Primitive::Constant(Op::Scalar { op, .. }) | Primitive::Operand(op, _) => {
+                matches!(op, BinaryOp::Mul | BinaryOp::Div)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The producer a fold starts from: a linear layer (`x Wᵀ + b`, output
+/// channels last) or a convolution (not transposed, channels at dim 1),
+/// its weight (and bias) parameters.
+fn foldable(g: &OpGraph, id: NodeId) -> Option<usize> {
+    let node = g.node(id);
+    let ins = g.inputs(id);
+    let parameter = |t: TensorRef| matches!(g.node(t.node).op, Op::Param { .. });
+    let (channel_dim, bias) = match &node.op {
+        Op::MatMul(MatMul {
+            trans_a: false,
+            trans_b: true,
+            bias,
+        }) if g.tensor(ins[1]).shape.len() == 2 => (node.outputs[0].shape.len() - 1, *bias),
+        Op::Conv(Conv {
+            transposed: false,
+            bias,
+            ..
+        }) => (1, *bias),
+        _ => return None,
+    };
+    let out = &node.outputs[0].shape;
+    (parameter(ins[1])
+        && (!bias || parameter(ins[2]))
+        && out.get(channel_dim) == g.tensor(ins[1]).shape.first())
+    .then_some(channel_dim)
+}
+
+/// Whether `v` holds one value per channel of `out` (its dims aligned to
+/// the right, the one at `channel_dim` the channels, the others 1) or one
+/// value in all.
+fn per_channel(v: &[u64], out: &[u64], channel_dim: usize) -> bool {
+    let numel: u64 = v.iter().product();
+    if numel == 1 {
+        return true;
+    }
+    v.len() <= out.len()
+        && v.iter().enumerate().all(|(i, &d)| {
+            let at = out.len() - v.len() + i;
+            d == if at == channel_dim { out[at] } else { 1 }
+        })
+}
+
+/// See the module's documentation.
+pub fn fold_into_weights(g: &OpGraph) -> Option<OpGraph> {
+    let parameter = |t: TensorRef| matches!(g.node(t.node).op, Op::Param { .. });
+    for (id, node) in g.nodes() {
+        let Some(channel_dim) = foldable(g, id) else {
+            continue;
+        };
+        let out = node.outputs[0].shape.clone();
+        let mut steps = Vec::new();
+        let mut at = id;
+        loop {
+            let readers = g.consumers(at);
+            let [next] = readers[..] else { break };
+            if g.outputs().iter().any(|t| t.node == at) || g.node(next).outputs[0].shape != out {
+                break;
+            }
+            let step = match &g.node(next).op {
+                Op::Scalar {
+                    op: op @ (BinaryOp::Mul | BinaryOp::Add | BinaryOp::Sub | BinaryOp::Div),
+                    scalar_first,
+                    ..
+                } if !*scalar_first || matches!(op, BinaryOp::Mul | BinaryOp::Add) => {
+                    FoldStep::Constant(next)
+                }
+                Op::Binary(
+                    op @ (BinaryOp::Mul | BinaryOp::Add | BinaryOp::Sub | BinaryOp::Div),
+                ) => {
+                    let operands = g.inputs(next);
+                    let v = if operands[0].node == at && operands[1].node != at {
+                        operands[1]
+                    } else if operands[1].node == at
+                        && operands[0].node != at
+                        && matches!(op, BinaryOp::Mul | BinaryOp::Add)
+                    {
+                        operands[0]
+                    } else {
+                        break;
+                    };
+                    if !parameter(v) || !per_channel(&g.tensor(v).shape, &out, channel_dim) {
+                        break;
+                    }
+                    FoldStep::Operand(next, *op, v)
+                }
+                Op::Norm(Norm {
+                    kind: NormKind::Batch,
+                    batch_stats: false,
+                    ..
+                }) if channel_dim == 1
+                    && g.inputs(next)[0].node == at
+                    && g.inputs(next)[1..].iter().all(|&t| parameter(t)) =>
+                {
+                    FoldStep::EvalNorm(next)
+                }
+                _ => break,
+            };
+            steps.push(step);
+            at = next;
+        }
+        if steps.is_empty() {
+            continue;
+        }
+        return Some(build_fold(g, id, &steps));
+    }
+    None
+}
+
+/// The rewritten graph for [`fold_into_weights`]: the weights scaled
+/// channel by channel, the bias (zeros where the producer had none) taken
+/// through every step, and the producer computed from them.
+fn build_fold(g: &OpGraph, producer: NodeId, steps: &[FoldStep]) -> OpGraph {
+    let mut g = g.clone();
+    let ins = g.inputs(producer);
+    let (w, dtype) = (ins[1], g.tensor(ins[1]).dtype);
+    let w_shape = g.tensor(w).shape.clone();
+    let channels = w_shape[0];
+    let last = steps.last().expect("a step to fold").node();
+    let out = g.node(last).outputs[0].shape.clone();
+    let base = g.node(producer).name.clone();
+    let mut add = adder(dtype, last);
+    // Each step as primitives; a batch norm's scale `w / sqrt(var + eps)`
+    // is computed from its parameters.
+    let mut primitives = Vec::new();
+    for step in steps {
+        match *step {
+            FoldStep::Constant(n) => primitives.push(Primitive::Constant(g.node(n).op.clone())),
+            FoldStep::Operand(_, op, v) => primitives.push(Primitive::Operand(op, v)),
+            FoldStep::EvalNorm(n) => {
+                let Op::Norm(Norm {
+                    eps, affine, bias, ..
+                }) = g.node(n).op.clone()
+                else {
+                    unreachable!("a batch norm")
+                };
+                let ni = g.inputs(n);
+                let (weight, shift) = (
+                    affine.then(|| ni[1]),
+                    bias.then(|| ni[1 + usize::from(affine)]),
+                );
+                let stats = 1 + usize::from(affine) + usize::from(bias);
+                let (mean, var) = (ni[stats], ni[stats + 1]);
+                let name = g.node(n).name.clone();
+                let spread = add(
+                    &mut g,
+                    format!("{name}_var_eps"),
+                    Op::Scalar {
+                        op: BinaryOp::Add,
+                        value: eps,
+                        scalar_first: false,
+                    },
+                    &[var],
+                    vec![channels],
+                );
+                let root = add(
+                    &mut g,
+                    format!("{name}_std"),
+                    Op::Unary(UnaryOp::Sqrt),
+                    &[spread],
+                    vec![channels],
+                );
+                let scale = match weight {
+                    Some(wt) => add(
+                        &mut g,
+                        format!("{name}_scale"),
+                        Op::Binary(BinaryOp::Div),
+                        &[wt, root],
+                        vec![channels],
+                    ),
+                    None => add(
+                        &mut g,
+                        format!("{name}_scale"),
+                        Op::Scalar {
+                            op: BinaryOp::Div,
+                            value: 1.0,
+                            scalar_first: true,
+                        },
+                        &[root],
+                        vec![channels],
+                    ),
+                };
+                primitives.push(Primitive::Operand(BinaryOp::Sub, mean));
+                primitives.push(Primitive::Operand(BinaryOp::Mul, scale));
+                if let Some(b) = shift {
+                    primitives.push(Primitive::Operand(BinaryOp::Add, b));
+                }
+            }
+        }
+    }
+    // `value op step` over a tensor of `shape`, an operand viewed as `view`
+    // (a column of the weights, or the bias's vector).
+    let apply = |g: &mut OpGraph,
+                 add: &mut AddNode<'_>,
+                 value: TensorRef,
+                 p: &Primitive,
+                 (shape, view): (&[u64], &[u64]),
+                 name: String| {
+        match p {
+            Primitive::Constant(op) => add(g, name, op.clone(), &[value], shape.to_vec()),
+            Primitive::Operand(op, v) => {
+                let one: u64 = g.tensor(*v).shape.iter().product();
+                let view = if one == 1 {
+                    vec![1; view.len()]
+                } else {
+                    view.to_vec()
+                };
+                let v = add(
+                    g,
+                    format!("{name}_operand"),
+                    Op::Layout(Layout::Reshape),
+                    &[*v],
+                    view,
+                );
+                add(g, name, Op::Binary(*op), &[value, v], shape.to_vec())
+            }
+        }
+    };
+    let mut column = vec![1; w_shape.len()];
+    column[0] = channels;
+    let mut weights = w;
+    for (k, p) in primitives.iter().enumerate().filter(|(_, p)| p.scales()) {
+        weights = apply(
+            &mut g,
+            &mut add,
+            weights,
+            p,
+            (&w_shape, &column),
+            format!("{base}_weights_{k}"),
+        );
+    }
+    let had_bias = ins.len() > 2;
+    let mut b = if had_bias {
+        ins[2]
+    } else {
+        add(
+            &mut g,
+            format!("{base}_zero_bias"),
+            Op::Constant {
+                fill: crate::op::Fill::Full(0.0),
+            },
+            &[],
+            vec![channels],
+        )
+    };
+    for (k, p) in primitives.iter().enumerate() {
+        b = apply(
+            &mut g,
+            &mut add,
+            b,
+            p,
+            (&[channels], &[channels]),
+            format!("{base}_bias_{k}"),
+        );
+    }
+    let op = match g.node(producer).op.clone() {
+        Op::MatMul(m) => Op::MatMul(MatMul { bias: true, ..m }),
+        Op::Conv(c) => Op::Conv(Conv { bias: true, ..c }),
+        _ => unreachable!("a linear layer or a convolution"),
+    };
+    let folded = add(
+        &mut g,
+        format!("{base}_folded"),
+        op,
+        &[ins[0], weights, b],
+        out,
+    );
+    redirect(&mut g, last, folded);
+    for step in steps.iter().rev() {
+        g.remove_unread(step.node());
+    }
+    g.remove_unread(producer);
+    g
+}
+
 /// The rewritten graph for [`reduce_before_gemm`].
 #[allow(clippy::too_many_arguments)]
 fn build_gemv(
@@ -195,15 +532,7 @@ fn build_gemv(
     let mean = op == ReduceOp::Mean;
     // New nodes go right after the reduction; everything they read comes
     // before it.
-    let mut anchor = reduce;
-    let mut add = |g: &mut OpGraph, name: String, op: Op, inputs: &[TensorRef], shape: Vec<u64>| {
-        let id = g
-            .add(name, op, inputs, vec![TensorType::new(shape, dtype)])
-            .expect("inputs exist");
-        g.place_after(id, anchor);
-        anchor = id;
-        TensorRef::first(id)
-    };
+    let mut add = adder(dtype, reduce);
     let reduce_all = |dims: Vec<usize>| {
         Op::Reduce(Reduce {
             op: op.clone(),
@@ -1025,6 +1354,206 @@ mod tests {
         let add = ops.iter().position(|o| o == "+").unwrap();
         assert!(back < add, "{ops:?}");
         assert_eq!(r.tensor(r.outputs()[0]).shape, [2, 3, 4, 5]);
+    }
+
+    /// `g` with the inputs named in `names` made parameters.
+    fn with_parameters(mut g: OpGraph, names: &[&str]) -> OpGraph {
+        let ids: Vec<NodeId> = g
+            .nodes()
+            .filter(|(_, n)| names.contains(&n.name.as_str()))
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids {
+            let name = g.node(id).name.clone();
+            *g.op_mut(id) = Op::Param {
+                name,
+                trainable: true,
+            };
+        }
+        g
+    }
+
+    #[test]
+    fn scales_and_shifts_after_a_linear_layer_fold_into_its_weights() {
+        let g = with_parameters(
+            graph(
+                "y = relu((2 * linear(x, w, b) / s + t) * 0.5)",
+                "x=64x128,w=256x128,b=256,s=256,t=256",
+            ),
+            &["w", "b", "s", "t"],
+        );
+        let r = fold_into_weights(&g).unwrap();
+        // One product, then the relu: every step went into the weights
+        // (three scales: `* 2`, `/ s`, `* 0.5`) and the bias (all four).
+        let after = |r: &OpGraph| -> Vec<String> {
+            r.order()
+                .iter()
+                .skip_while(|&&n| !matches!(r.node(n).op, Op::MatMul(_)))
+                .filter(|&&n| !r.node(n).op.is_source())
+                .map(|&n| r.node(n).op.to_string())
+                .collect()
+        };
+        assert_eq!(after(&r), ["matmul Bᵀ +bias", "relu"], "{:?}", computed(&r));
+        let weights = r.nodes().filter(|(_, n)| n.outputs[0].shape == [256, 128]);
+        assert_eq!(
+            weights.filter(|(_, n)| !n.op.is_source()).count(),
+            3,
+            "{:?}",
+            computed(&r)
+        );
+        let product = r
+            .nodes()
+            .find(|(_, n)| matches!(n.op, Op::MatMul(_)))
+            .unwrap()
+            .0;
+        assert!(
+            r.inputs(product)[1..]
+                .iter()
+                .all(|t| !matches!(r.node(t.node).op, Op::Param { .. })),
+            "the product reads the folded weights and bias"
+        );
+        assert_eq!(r.tensor(r.outputs()[0]).shape, [64, 256]);
+        // Without a bias the shift stays after the product.
+        let g = with_parameters(
+            graph("y = linear(x, w) * s + t", "x=64x128,w=256x128,s=256,t=256"),
+            &["w", "s", "t"],
+        );
+        let r = fold_into_weights(&g).unwrap();
+        assert_eq!(after(&r), ["matmul Bᵀ +bias"], "{:?}", computed(&r));
+        assert!(
+            r.nodes().any(|(_, n)| matches!(n.op, Op::Constant { .. })),
+            "a zero bias to shift: {:?}",
+            computed(&r)
+        );
+    }
+
+    #[test]
+    fn an_eval_mode_batch_norm_after_a_convolution_folds_into_it() {
+        let mut g = OpGraph::new();
+        let f = |s: &[u64]| vec![TensorType::new(s.to_vec(), crate::DType::F32)];
+        let x = g
+            .add("x", Op::Input { name: "x".into() }, &[], f(&[2, 3, 8, 8]))
+            .unwrap();
+        let param = |g: &mut OpGraph, name: &str, s: &[u64]| {
+            let id = g
+                .add(
+                    name,
+                    Op::Param {
+                        name: name.into(),
+                        trainable: true,
+                    },
+                    &[],
+                    f(s),
+                )
+                .unwrap();
+            TensorRef::first(id)
+        };
+        let w = param(&mut g, "w", &[4, 3, 3, 3]);
+        let stats: Vec<TensorRef> = ["gamma", "beta", "mean", "var"]
+            .iter()
+            .map(|n| param(&mut g, n, &[4]))
+            .collect();
+        let conv = g
+            .add(
+                "conv",
+                Op::Conv(Conv {
+                    spatial: 2,
+                    transposed: false,
+                    kernel: vec![3, 3],
+                    stride: vec![1, 1],
+                    padding: vec![0, 0],
+                    dilation: vec![1, 1],
+                    output_padding: vec![0, 0],
+                    groups: 1,
+                    bias: false,
+                }),
+                &[TensorRef::first(x), w],
+                f(&[2, 4, 6, 6]),
+            )
+            .unwrap();
+        let scaled = g
+            .add(
+                "scaled",
+                Op::Scalar {
+                    op: BinaryOp::Mul,
+                    value: 2.0,
+                    scalar_first: false,
+                },
+                &[TensorRef::first(conv)],
+                f(&[2, 4, 6, 6]),
+            )
+            .unwrap();
+        let mut ins = vec![TensorRef::first(scaled)];
+        ins.extend(stats);
+        let bn = g
+            .add(
+                "bn",
+                Op::Norm(Norm {
+                    kind: NormKind::Batch,
+                    eps: 1e-5,
+                    affine: true,
+                    bias: true,
+                    batch_stats: false,
+                }),
+                &ins,
+                f(&[2, 4, 6, 6]),
+            )
+            .unwrap();
+        let y = g
+            .add(
+                "y",
+                Op::Unary(UnaryOp::Relu),
+                &[TensorRef::first(bn)],
+                f(&[2, 4, 6, 6]),
+            )
+            .unwrap();
+        g.set_outputs(vec![TensorRef::first(y)]);
+        let r = fold_into_weights(&g).unwrap();
+        // The convolution with a bias, then the relu; the norm's scale is
+        // computed from its parameters (`gamma / sqrt(var + eps)`).
+        let ops = computed(&r);
+        let conv_at = ops.iter().position(|o| o.starts_with("conv")).unwrap();
+        assert_eq!(ops[conv_at + 1..], ["relu"], "{ops:?}");
+        assert!(!ops.iter().any(|o| o.contains("norm")), "{ops:?}");
+        assert!(ops.iter().any(|o| o == "sqrt"), "{ops:?}");
+        let folded = r
+            .nodes()
+            .find(|(_, n)| matches!(n.op, Op::Conv(_)))
+            .unwrap();
+        assert!(matches!(folded.1.op, Op::Conv(Conv { bias: true, .. })));
+        assert_eq!(r.inputs(folded.0).len(), 3);
+        // With batch statistics (training mode) it does not fold.
+        let Op::Norm(n) = g.op_mut(bn) else {
+            unreachable!()
+        };
+        n.batch_stats = true;
+        assert!(
+            fold_into_weights(&g)
+                .unwrap()
+                .nodes()
+                .any(|(_, n)| matches!(n.op, Op::Norm(_)))
+        );
+    }
+
+    #[test]
+    fn weights_that_are_inputs_and_nonlinear_steps_do_not_fold() {
+        // Weights read from the forward's inputs are no parameters.
+        let g = graph("y = linear(x, w, b) * 2", "x=64x128,w=256x128,b=256");
+        assert!(fold_into_weights(&g).is_none());
+        // A nonlinear step, a constant divided by the product, a full-size
+        // operand, an operand read from the inputs.
+        for (src, operand) in [
+            ("y = relu(linear(x, w, b)) * 2", ""),
+            ("y = 2 / linear(x, w, b)", ""),
+            ("y = linear(x, w, b) * v", ",v=64x256"),
+            ("y = linear(x, w, b) * u", ",u=256"),
+        ] {
+            let g = with_parameters(
+                graph(src, &format!("x=64x128,w=256x128,b=256{operand}")),
+                &["w", "b", "v"],
+            );
+            assert!(fold_into_weights(&g).is_none(), "{src}");
+        }
     }
 
     #[test]

@@ -21,6 +21,44 @@ pub fn library_op(op: &Op) -> bool {
     matches!(op, Op::MatMul(_) | Op::Conv(_) | Op::Attention(_))
 }
 
+/// The nodes computed from parameters and constants of one value alone (no
+/// forward input reaches them), by torch calls or views, each with one
+/// result that is not a graph output: the weights a rewrite derives, say.
+/// The export keeps them between calls until a parameter they read
+/// changes.
+fn derived_from_parameters(
+    g: &OpGraph,
+    covered: &std::collections::BTreeSet<NodeId>,
+) -> std::collections::HashSet<NodeId> {
+    let mut derived = std::collections::HashSet::new();
+    for &id in g.order() {
+        let node = g.node(id);
+        let ins = g.inputs(id);
+        // A constant filled with one value is the same on every call;
+        // random ones are not.
+        let full = matches!(
+            node.op,
+            Op::Constant {
+                fill: mtmc_actions::op::Fill::Full(_)
+            }
+        );
+        let from_parameters = full
+            || !ins.is_empty()
+                && ins.iter().all(|i| {
+                    matches!(g.node(i.node).op, Op::Param { .. }) || derived.contains(&i.node)
+                });
+        if from_parameters
+            && !covered.contains(&id)
+            && node.outputs.len() == 1
+            && !g.outputs().iter().any(|t| t.node == id)
+            && !matches!(node.op, Op::Input { .. } | Op::Param { .. })
+        {
+            derived.insert(id);
+        }
+    }
+    derived
+}
+
 /// A Python tuple literal (`()` for a scalar's shape).
 fn tuple(v: &[u64]) -> String {
     if v.is_empty() {
@@ -559,7 +597,27 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             .ok_or("a fragment with an empty region")?;
         last_node.insert(last, k);
     }
-    for (id, node) in g.nodes() {
+    let derived = derived_from_parameters(g, &covered);
+    // Inputs and parameters first, then what derives from parameters alone
+    // (its lines are the first of `body`), then the rest in graph order.
+    let source = |id: NodeId| matches!(g.node(id).op, Op::Input { .. } | Op::Param { .. });
+    let ids: Vec<NodeId> = g.nodes().map(|(id, _)| id).collect();
+    let order: Vec<NodeId> = ids
+        .iter()
+        .filter(|&&id| source(id))
+        .chain(ids.iter().filter(|id| derived.contains(id)))
+        .chain(
+            ids.iter()
+                .filter(|&&id| !source(id) && !derived.contains(&id)),
+        )
+        .copied()
+        .collect();
+    let mut derived_end = None;
+    for id in order {
+        let node = g.node(id);
+        if !derived.contains(&id) && !source(id) && derived_end.is_none() {
+            derived_end = Some(body.len());
+        }
         let t = TensorRef::first(id);
         match &node.op {
             Op::Input { name } => {
@@ -733,15 +791,34 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         }
         var.insert(t, v);
     }
+    let (derived_body, body) = body.split_at(derived_end.unwrap_or(body.len()));
+    // An output that is a view of kept tensors is copied: the caller may
+    // write into what it gets.
+    let aliases_kept = |t: &TensorRef| {
+        let mut at = t.node;
+        while g.node(at).op.is_view() && !derived.contains(&at) {
+            match g.inputs(at).first() {
+                Some(i) => at = i.node,
+                None => return false,
+            }
+        }
+        derived.contains(&at)
+    };
     let outs: Vec<String> = g
         .outputs()
         .iter()
         .map(|t| {
-            var.get(t)
+            let v = var
+                .get(t)
                 .cloned()
-                .ok_or("an output is never computed".to_string())
+                .ok_or("an output is never computed".to_string())?;
+            Ok(if aliases_kept(t) {
+                format!("{v}.clone()")
+            } else {
+                v
+            })
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, String>>()?;
     let device_of = forward_args
         .first()
         .map(|(v, _)| v.clone())
@@ -863,22 +940,59 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
     for (v, name) in &forward_args {
         let _ = writeln!(py, "        {v} = bound[{name:?}].contiguous()");
     }
+    // Each parameter as the Model holds it (the cache key reads these).
+    let mut held = HashMap::new();
     for (v, name, trainable) in &params {
-        if let Some(k) = lifted.iter().position(|n| *n == name) {
-            let _ = writeln!(py, "        {v} = self.lifted_constants.c{k}.contiguous()");
-            continue;
-        }
-        let getter = if *trainable {
-            "get_parameter"
+        let tensor = if let Some(k) = lifted.iter().position(|n| *n == name) {
+            format!("self.lifted_constants.c{k}")
         } else {
-            "get_buffer"
+            let getter = if *trainable {
+                "get_parameter"
+            } else {
+                "get_buffer"
+            };
+            format!("self.reference_parameters.{getter}({name:?})")
         };
-        let _ = writeln!(
-            py,
-            "        {v} = self.reference_parameters.{getter}({name:?}).contiguous()"
-        );
+        let _ = writeln!(py, "        {v} = {tensor}.contiguous()");
+        held.insert(v.clone(), tensor);
     }
     let _ = writeln!(py, "        _device = {device_of}.device");
+    if !derived_body.is_empty() {
+        // What derives from parameters alone is kept until one of them
+        // changes: its storage, or its version counter (which every
+        // in-place write through the tensor moves).
+        let mut read: Vec<&String> = Vec::new();
+        for &id in &derived {
+            for i in g.inputs(id) {
+                if let Some(v) = var.get(&i)
+                    && let Some(tensor) = held.get(v)
+                    && !read.contains(&tensor)
+                {
+                    read.push(tensor);
+                }
+            }
+        }
+        read.sort();
+        let key: Vec<String> = read
+            .iter()
+            .map(|t| format!("({t}.data_ptr(), {t}._version)"))
+            .collect();
+        let kept: Vec<String> = g
+            .order()
+            .iter()
+            .filter(|id| derived.contains(id))
+            .filter_map(|&id| var.get(&TensorRef::first(id)).cloned())
+            .collect();
+        // The device too: constants are made on the inputs' device.
+        let _ = writeln!(py, "        _key = (_device, {})", key.join(", "));
+        py.push_str("        if getattr(self, \"_derived_key\", None) != _key:\n");
+        for line in derived_body.lines() {
+            let _ = writeln!(py, "    {line}");
+        }
+        let _ = writeln!(py, "            self._derived = ({},)", kept.join(", "));
+        py.push_str("            self._derived_key = _key\n");
+        let _ = writeln!(py, "        {}, = self._derived", kept.join(", "));
+    }
     if kernels {
         py.push_str(
             "        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):\n",
@@ -887,7 +1001,7 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             let _ = writeln!(py, "    {line}");
         }
     } else {
-        py.push_str(&body);
+        py.push_str(body);
     }
     if outs.len() == 1 {
         let _ = writeln!(py, "        return {}", outs[0]);

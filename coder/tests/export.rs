@@ -72,11 +72,24 @@ fn problem_code(level: u64, name: &str) -> String {
 /// what the problem's Model computes on `inputs` (a Python list).
 #[track_caller]
 fn runs_like_the_model(python: &str, exported: &str, inputs: &str, what: &str) {
+    run_against_the_model(
+        python,
+        exported,
+        inputs,
+        "want = new.reference_parameters(*args)\ngot = new(*args)\nassert got.shape == want.shape, (got.shape, want.shape)\nassert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()\n",
+        what,
+    );
+}
+
+/// Runs `exported` with torch on the CPU: its `ModelNew` as `new` (built
+/// from the problem's init inputs), `args` the inputs, then `checks`
+/// (Python asserting what it must); fails with their error.
+fn run_against_the_model(python: &str, exported: &str, inputs: &str, checks: &str, what: &str) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("model_new.py");
     std::fs::write(&file, exported).unwrap();
     let script = format!(
-        "import runpy, torch\nns = runpy.run_path({:?})\nexec(ns['_PROBLEM'], p := {{}})\ntorch.manual_seed(0)\nnew = ns['ModelNew'](*p['get_init_inputs']())\nargs = {inputs}\nwant = new.reference_parameters(*args)\ngot = new(*args)\nassert got.shape == want.shape, (got.shape, want.shape)\nassert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()\nprint('same')",
+        "import runpy, torch\nns = runpy.run_path({:?})\nexec(ns['_PROBLEM'], p := {{}})\ntorch.manual_seed(0)\nnew = ns['ModelNew'](*p['get_init_inputs']())\nargs = {inputs}\n{checks}print('same')",
         file.display()
     );
     let out = std::process::Command::new(python)
@@ -229,4 +242,175 @@ fn the_channels_last_transpose_compiles() {
         before: Vec::new(),
     };
     common::compiles(&f, "the channels-last transpose");
+}
+
+/// Level-2 problems whose scales and shifts after a linear layer fold into
+/// its weights: the export computes the folded weights once and keeps
+/// them until a parameter changes. With torch on the CPU it computes what
+/// the Model computes, reuses the kept weights on a second call, and
+/// recomputes them after the parameters are scaled in place.
+#[test]
+fn folded_weights_are_kept_until_a_parameter_changes() {
+    let python = std::env::var("MTMC_TEST_PYTHON").ok();
+    let mut folded = 0;
+    for (name, inputs) in [
+        ("9_Matmul_Subtract_Multiply_ReLU", "[torch.rand(4, 8192)]"),
+        ("12_Gemm_Multiply_LeakyReLU", "[torch.rand(4, 8192)]"),
+        ("39_Gemm_Scale_BatchNorm", "[torch.rand(8, 4096)]"),
+        ("86_Matmul_Divide_GELU", "[torch.rand(4, 8192)]"),
+    ] {
+        let g = common::traced(2, name);
+        let Some(r) = mtmc_actions::rewrite::fold_into_weights(&g) else {
+            panic!("L2/{name}: nothing folds");
+        };
+        folded += 1;
+        let exported = to_model_new(&r, &Program::default(), &problem_code(2, name)).unwrap();
+        assert!(
+            exported.contains("if getattr(self, \"_derived_key\", None) != _key:"),
+            "L2/{name}:\n{exported}"
+        );
+        let Some(python) = python.as_ref() else {
+            continue;
+        };
+        follows_parameter_changes(python, &exported, inputs, &format!("L2/{name}"));
+    }
+    assert_eq!(folded, 4);
+}
+
+/// Runs `exported` on `inputs` with torch on the CPU: it computes what the
+/// Model computes, keeps its derived weights on a second call, and
+/// recomputes them (and still agrees) after every parameter is scaled in
+/// place.
+fn follows_parameter_changes(python: &str, exported: &str, inputs: &str, what: &str) {
+    run_against_the_model(
+        python,
+        exported,
+        inputs,
+        "def same():\n    want = new.reference_parameters(*args)\n    got = new(*args)\n    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()\nsame()\nkept = new._derived\nsame()\nassert new._derived is kept, 'recomputed with no parameter changed'\nwith torch.no_grad():\n    for q in new.parameters():\n        q.mul_(0.5)\nsame()\nassert new._derived is not kept, 'not recomputed after the parameters changed'\n",
+        what,
+    );
+}
+
+/// An eval-mode batch norm (running statistics) after a convolution and a
+/// scale, traced from a Model with torch: it folds into the convolution's
+/// weights and a bias it did not have, and the export computes what the
+/// Model computes, before and after the parameters change.
+#[test]
+fn an_eval_mode_batch_norm_folds_into_the_convolution_before_it() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    let code = "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3, bias=False)\n        self.bn = nn.BatchNorm2d(8)\n        with torch.no_grad():\n            self.bn.running_mean.uniform_(-1, 1)\n            self.bn.running_var.uniform_(0.5, 2)\n            self.bn.weight.uniform_(0.5, 2)\n            self.bn.bias.uniform_(-1, 1)\n        self.eval()\n\n    def forward(self, x):\n        return torch.relu(self.bn(self.conv(x) * 2.0))\n\n\ndef get_inputs():\n    return [torch.rand(2, 3, 10, 10)]\n\n\ndef get_init_inputs():\n    return []\n";
+    let problem =
+        serde_json::json!({"level": 9, "problem_id": 1, "name": "eval_conv_bn", "code": code});
+    let mut child = std::process::Command::new(&python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../env/python/trace_graph.py"
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    writeln!(child.stdin.take().unwrap(), "{problem}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap();
+    let t = mtmc_actions::import::parse_trace(line.trim()).unwrap();
+    let g = mtmc_actions::import::import_trace(&t).unwrap().graph;
+    assert!(
+        g.nodes().any(|(_, n)| matches!(
+            n.op,
+            mtmc_actions::op::Op::Norm(mtmc_actions::op::Norm {
+                batch_stats: false,
+                ..
+            })
+        )),
+        "the trace holds an eval-mode batch norm"
+    );
+    let r = mtmc_actions::rewrite::fold_into_weights(&g).expect("the norm folds");
+    assert!(
+        !r.nodes()
+            .any(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_))),
+        "no norm left"
+    );
+    let exported = to_model_new(&r, &Program::default(), code).unwrap();
+    follows_parameter_changes(
+        &python,
+        &exported,
+        "[torch.rand(2, 3, 10, 10)]",
+        "eval conv bn",
+    );
+}
+
+/// What derives from parameters alone is computed in the kept block; an
+/// output that is a view of it is returned as a copy (a caller writing
+/// into it must not change the kept tensor).
+#[test]
+fn an_output_viewing_a_kept_tensor_is_a_copy() {
+    use mtmc_actions::dtype::TensorType;
+    use mtmc_actions::graph::{OpGraph, TensorRef};
+    use mtmc_actions::op::{BinaryOp, Layout, Op};
+    let f = |s: &[u64]| vec![TensorType::new(s.to_vec(), mtmc_actions::DType::F32)];
+    let mut g = OpGraph::new();
+    let x = g
+        .add("x", Op::Input { name: "x".into() }, &[], f(&[4, 8]))
+        .unwrap();
+    let w = g
+        .add(
+            "w",
+            Op::Param {
+                name: "w".into(),
+                trainable: true,
+            },
+            &[],
+            f(&[8, 8]),
+        )
+        .unwrap();
+    let scalar = |op| Op::Scalar {
+        op,
+        value: 2.0,
+        scalar_first: false,
+    };
+    let doubled = g
+        .add(
+            "doubled",
+            scalar(BinaryOp::Mul),
+            &[TensorRef::first(w)],
+            f(&[8, 8]),
+        )
+        .unwrap();
+    let flat = g
+        .add(
+            "flat",
+            Op::Layout(Layout::Reshape),
+            &[TensorRef::first(doubled)],
+            f(&[64]),
+        )
+        .unwrap();
+    let y = g
+        .add(
+            "y",
+            scalar(BinaryOp::Add),
+            &[TensorRef::first(x)],
+            f(&[4, 8]),
+        )
+        .unwrap();
+    g.set_outputs(vec![TensorRef::first(flat), TensorRef::first(y)]);
+    let exported = to_model_new(&g, &Program::default(), "class Model: pass\n").unwrap();
+    let kept = exported
+        .lines()
+        .position(|l| l.contains("_derived_key\", None) != _key"))
+        .unwrap_or_else(|| panic!("no kept block:\n{exported}"));
+    let doubled_at = exported
+        .lines()
+        .position(|l| l.contains("(p_w * 2"))
+        .unwrap_or_else(|| panic!("w * 2 not rendered:\n{exported}"));
+    assert!(doubled_at > kept, "w * 2 is in the kept block:\n{exported}");
+    let flat_var = format!("t{}", flat.index());
+    assert!(
+        exported.contains(&format!("return ({flat_var}.clone(), t{},)", y.index())),
+        "{exported}"
+    );
 }

@@ -531,7 +531,54 @@ def build_reference(problem, s, device):
         refs.append(outs if kept != "recomputed" else None)
         del inputs, outs
     ref.update(refs=refs, refs_kept=kept)
+    # The outputs after the parameters change (kept like the others).
+    ref["scaled_ref"] = None
+    if kept != "recomputed" and float_parameters(model):
+        inputs = make_inputs(ns, check_seeds[-1], device, s["inputs"])
+        ref["scaled_ref"] = with_scaled_parameters(model, lambda: [o.detach() for o in outputs_of(model(*inputs))])
+        del inputs
     return ref
+
+
+# The factor the parameters are scaled by in place for the last check: a
+# candidate that keeps weights derived from its parameters must see the
+# change (as an optimizer step would make it) and recompute them.
+PARAMETER_SCALE = 0.5
+
+
+def float_parameters(model):
+    return [p for p in model.parameters() if p.is_floating_point()]
+
+
+def with_scaled_parameters(model, run):
+    """`run()` with the model's floating-point parameters scaled in place by
+    PARAMETER_SCALE (their version counters move), then restored exactly."""
+    t = torch()
+    params = float_parameters(model)
+    with t.no_grad():
+        saved = [p.detach().clone() for p in params]
+        try:
+            for p in params:
+                p.mul_(PARAMETER_SCALE)
+            return run()
+        finally:
+            for p, v in zip(params, saved):
+                p.copy_(v)
+
+
+def scaled_reference_outputs(ref, inputs):
+    """The reference's outputs on `inputs` (the last check's values) with
+    its parameters scaled: kept, or recomputed like the other checks."""
+    if ref["scaled_ref"] is not None:
+        return ref["scaled_ref"]
+    t = torch()
+    now = math_flags()
+    try:
+        set_math_flags(ref["math"])
+        with t.no_grad():
+            return with_scaled_parameters(ref["model"], lambda: [o.detach() for o in outputs_of(ref["model"](*inputs))])
+    finally:
+        set_math_flags(now)
 
 
 def reference_tf32(model, ns, seed, device, s):
@@ -799,15 +846,33 @@ def evaluate(req):
     except Exception as e:
         return runtime_error(outcome, e)
     if not check["ok"]:
-        outcome.update(
-            status="incorrect",
-            why=f"after timing, on new values in the same input buffers: {check['why']}",
-            **{k: v for k, v in check.items() if k not in ("ok", "why", "scale")},
-        )
-        outcome.pop("runtime")
-        return outcome
+        return failed_after_timing(outcome, check, "after timing, on new values in the same input buffers")
+    # The parameters change in place (the candidate's and the reference's
+    # alike): weights derived from them and kept must be recomputed.
+    if float_parameters(ref["model"]):
+        try:
+            with t.no_grad():
+                inputs = make_inputs(ns, ref["check_seeds"][-1], device, s["inputs"])
+                refs = scaled_reference_outputs(ref, inputs)
+                for p in float_parameters(model_new):
+                    p.mul_(PARAMETER_SCALE)
+                out = model_new(*inputs)
+                sync()
+                check = compare(refs, outputs_of(out), atol, rtol, min_scale_ratio)
+            del inputs, out, refs
+        except Exception as e:
+            return runtime_error(outcome, e)
+        if not check["ok"]:
+            return failed_after_timing(outcome, check, f"after its parameters were scaled in place by {PARAMETER_SCALE} (as a training step changes them)")
     outcome["kernels"] = kernel_reports(cand_ns, model_new)
     outcome["baselines"] = {k: v for k, v in ref["baselines"].items() if k in req.get("baselines", ["eager"])}
+    return outcome
+
+
+def failed_after_timing(outcome, check, when):
+    """A check after timing failed: incorrect, with no timing reported."""
+    outcome.update(status="incorrect", why=f"{when}: {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "why", "scale")})
+    outcome.pop("runtime")
     return outcome
 
 

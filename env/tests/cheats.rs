@@ -120,6 +120,11 @@ async fn every_cheat_is_caught(mut ev: WorkerEvaluator) {
             "zeros.py",
             "of the output's scale: within atol only because the outputs are small",
         ),
+        (
+            "problem_linear.py",
+            "freezes_weights.py",
+            "after its parameters were scaled in place by 0.5",
+        ),
     ];
     for (p, c, why) in cases {
         let o = eval(&mut ev, p, c).await;
@@ -152,6 +157,10 @@ async fn every_cheat_is_caught(mut ev: WorkerEvaluator) {
         "two patches, two replaced workers: {}",
         ev.slot.starts
     );
+    // Weights derived from the parameters and kept until a parameter's
+    // version counter moves pass the check that catches frozen ones.
+    let o = eval(&mut ev, "problem_linear.py", "folds_weights.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
 }
 
 #[tokio::test]
