@@ -4,14 +4,129 @@
 //! step is expressed (a transpose read by a matmul becomes the matmul's
 //! transpose flag) and drops views that nothing reads any more.
 
-use crate::graph::{NodeId, OpGraph};
-use crate::op::{Layout, Op};
+use crate::graph::{NodeId, OpGraph, TensorRef};
+use crate::op::{Fill, Layout, Op, Scan};
 
 /// Applies every normalization.
 pub fn normalize(g: &mut OpGraph) {
     fold_transposes(g);
     fold_flipped_scans(g);
+    fold_exclusive_scans(g);
     einsums_to_matmuls(g);
+    drop_dead_nodes(g);
+}
+
+/// Removes the computed nodes whose results nothing reads (what fed a
+/// `zeros_like` only for its shape, say); inputs and parameters stay.
+pub fn drop_dead_nodes(g: &mut OpGraph) {
+    loop {
+        let dead: Vec<NodeId> = g
+            .order()
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&n| !g.node(n).op.is_source())
+            .filter(|&n| g.consumers(n).is_empty() && !g.outputs().iter().any(|t| t.node == n))
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        for n in dead {
+            g.remove_unread(n);
+        }
+    }
+}
+
+/// `dim`, `start` and `length` of a `narrow` slice's subscript, given by
+/// position or by name (`narrow(1, 0, 7)`, `narrow(dim=1, length=7,
+/// start=0)`).
+fn narrow_args(subscript: &str) -> Option<(i64, i64, i64)> {
+    let inner = subscript.strip_prefix("narrow(")?.strip_suffix(')')?;
+    let (mut dim, mut start, mut length) = (None, None, None);
+    for (k, part) in inner.split(',').map(str::trim).enumerate() {
+        let (slot, value) = match part.split_once('=') {
+            Some((name, v)) => (name.trim(), v.trim()),
+            None => (["dim", "start", "length"].get(k).copied()?, part),
+        };
+        let v: i64 = value.parse().ok()?;
+        match slot {
+            "dim" => dim = Some(v),
+            "start" => start = Some(v),
+            "length" => length = Some(v),
+            _ => return None,
+        }
+    }
+    Some((dim?, start?, length?))
+}
+
+/// `cat([c, scan(narrow(x, d, 0, n - 1), d)], d)` with `c` the scan's
+/// identity (zeros for a sum, ones for a product) one element deep along
+/// `d`: the exclusive scan of `x` (an "exclusive cumsum" written with
+/// torch's inclusive one). The same sums in the same order, in one op
+/// instead of a slice, a scan and a concatenation.
+pub fn fold_exclusive_scans(g: &mut OpGraph) {
+    let cats: Vec<NodeId> = g
+        .nodes()
+        .filter(|(_, n)| matches!(n.op, Op::Layout(Layout::Concat { .. })))
+        .map(|(id, _)| id)
+        .collect();
+    for cat in cats {
+        let Op::Layout(Layout::Concat { dim }) = g.node(cat).op else {
+            continue;
+        };
+        let &[first, second] = &g.inputs(cat)[..] else {
+            continue;
+        };
+        let Op::Scan(scan) = g.node(second.node).op.clone() else {
+            continue;
+        };
+        let identity = if scan.prod { 1.0 } else { 0.0 };
+        let out = g.node(cat).outputs[0].shape.clone();
+        let sliced = g.inputs(second.node)[0];
+        let Op::Layout(Layout::Slice { subscript }) = &g.node(sliced.node).op else {
+            continue;
+        };
+        let x = g.inputs(sliced.node)[0];
+        let rank = out.len() as i64;
+        let single =
+            |n: NodeId| g.consumers(n).len() == 1 && !g.outputs().iter().any(|t| t.node == n);
+        let fits = matches!(g.node(first.node).op, Op::Constant { fill: Fill::Full(v) } if v == identity)
+            && g.tensor(first).shape.get(dim) == Some(&1)
+            && scan.dim == dim
+            && !scan.reverse
+            && !scan.exclusive
+            && g.tensor(x).shape == out
+            && g.tensor(x).dtype == g.node(cat).outputs[0].dtype
+            && narrow_args(subscript).is_some_and(|(d, start, length)| {
+                (d.rem_euclid(rank.max(1))) as usize == dim
+                    && start == 0
+                    && length + 1 == out[dim] as i64
+            })
+            && single(second.node)
+            && single(sliced.node)
+            && single(first.node);
+        if !fits {
+            continue;
+        }
+        let name = format!("{}_exclusive", g.node(second.node).name);
+        let dtype = g.node(cat).outputs[0].dtype;
+        let exclusive = g
+            .add(
+                name,
+                Op::Scan(Scan {
+                    exclusive: true,
+                    ..scan
+                }),
+                &[x],
+                vec![crate::dtype::TensorType::new(out, dtype)],
+            )
+            .expect("x exists");
+        g.place_after(exclusive, cat);
+        crate::rewrite::redirect(g, cat, TensorRef::first(exclusive));
+        for n in [cat, second.node, sliced.node, first.node] {
+            g.remove_unread(n);
+        }
+    }
 }
 
 /// Whether an einsum equation is a matmul in torch's broadcasting sense:
@@ -102,25 +217,7 @@ pub fn fold_flipped_scans(g: &mut OpGraph) {
         if let Op::Scan(s) = g.op_mut(scan) {
             s.reverse = !s.reverse;
         }
-        let scanned = crate::graph::TensorRef::first(scan);
-        for reader in g.consumers(after) {
-            let slots: Vec<usize> = g
-                .inputs(reader)
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| t.node == after)
-                .map(|(k, _)| k)
-                .collect();
-            for k in slots {
-                g.replace_input(reader, k, scanned);
-            }
-        }
-        let outputs = g
-            .outputs()
-            .iter()
-            .map(|t| if t.node == after { scanned } else { *t })
-            .collect();
-        g.set_outputs(outputs);
+        crate::rewrite::redirect(g, after, TensorRef::first(scan));
         g.remove_unread(after);
         g.remove_unread(before.node);
     }

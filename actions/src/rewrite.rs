@@ -74,7 +74,7 @@ pub fn rewrite_all_but(g: &OpGraph, skip: &[&str]) -> Option<(OpGraph, Vec<&'sta
 }
 
 /// Makes every reader of `from` (and the graph's outputs) read `to`.
-fn redirect(g: &mut OpGraph, from: NodeId, to: TensorRef) {
+pub(crate) fn redirect(g: &mut OpGraph, from: NodeId, to: TensorRef) {
     for reader in g.consumers(from) {
         let slots: Vec<usize> = g
             .inputs(reader)

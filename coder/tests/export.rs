@@ -119,6 +119,8 @@ fn call_library_exports_run_like_the_model_on_the_cpu() {
             "5_Matrix_scalar_multiplication",
             "[torch.rand(8, 16), 3.14]",
         ),
+        // Its cat, narrow and cumsum are one exclusive scan.
+        (1, "92_cumsum_exclusive", "[torch.rand(8, 33)]"),
         (
             2,
             "31_Conv2d_Min_Add_Multiply",
