@@ -841,6 +841,26 @@ fn an_op_without_a_family_stays_a_torch_call_beside_the_kernels() {
     );
 }
 
+/// L2/39's `* scale` after its linear layer folds into the weights: the
+/// rewritten graph's only kernel is the batch norm, and the folded weight
+/// and bias are torch calls (kept by the export), counted with the GEMM.
+#[test]
+fn folded_weights_stay_torch_calls_beside_the_kernels() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = optimize_shared("L2/39", &[], dir.path()).success();
+    assert!(
+        out.stdout.contains("L2/39_Gemm_Scale_BatchNorm: 2 kernel(s) for 2 op(s), 1 library call(s)")
+            && out.stdout.contains(
+                "rewritten (fold_into_weights) L2/39_Gemm_Scale_BatchNorm: 1 kernel(s) for 1 op(s), 3 library call(s)"
+            ),
+        "{}",
+        out.stdout
+    );
+}
+
 /// Strict mode: every op in a custom kernel. A GEMM problem gets its
 /// product as a GEMM kernel and a report with no library call (the same
 /// problem without `--strict` lists its cuBLAS call); a convolution, which

@@ -25,8 +25,8 @@ pub fn library_op(op: &Op) -> bool {
 /// forward input reaches them), by torch calls or views, each with one
 /// result that is not a graph output: the weights a rewrite derives, say.
 /// The export keeps them between calls until a parameter they read
-/// changes.
-fn derived_from_parameters(
+/// changes; `covered` (the nodes kernels compute) are left out.
+pub fn derived_from_parameters(
     g: &OpGraph,
     covered: &std::collections::BTreeSet<NodeId>,
 ) -> std::collections::HashSet<NodeId> {

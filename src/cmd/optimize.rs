@@ -431,9 +431,16 @@ pub fn optimize_problem(
         };
         // Without kernels, the variants are one program.
         let variants = &variants_for(graph, !strict, regions.is_empty())[..];
+        // Products, ops no family computes, and what derives from
+        // parameters alone (kept between calls) stay torch calls.
+        let derived = mtmc_coder::export::derived_from_parameters(graph, &Default::default());
         let library = graph
             .nodes()
-            .filter(|(id, n)| mtmc_coder::export::library_op(&n.op) || torch_only(graph, *id))
+            .filter(|(id, n)| {
+                mtmc_coder::export::library_op(&n.op)
+                    || torch_only(graph, *id)
+                    || derived.contains(id) && !n.op.is_view()
+            })
             .count();
         writeln!(
             out,
@@ -1154,6 +1161,7 @@ pub(crate) fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
 /// The regions a graph is cut into: connected pointwise chains (each a
 /// fused kernel) and single reductions, softmaxes and norms (row kernels);
 /// matmuls and convolutions stay library calls, and permutes torch views
+/// and what derives from parameters alone torch calls the export keeps
 /// where the program runs beside torch (`torch_views`: a ModelNew). Other
 /// ops are regions of their own with `others` (an LLM writes them), else
 /// torch calls beside torch ([`torch_only`]), else an error.
@@ -1161,6 +1169,13 @@ pub(crate) fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Ve
     let mut region_of: std::collections::HashMap<NodeId, usize> = Default::default();
     let mut regions: Vec<Vec<u32>> = Vec::new();
     let mut other = Vec::new();
+    // In a ModelNew, what derives from parameters alone (folded weights)
+    // stays torch calls that the export keeps between calls.
+    let derived = if torch_views {
+        mtmc_coder::export::derived_from_parameters(g, &Default::default())
+    } else {
+        Default::default()
+    };
     for (id, n) in g.nodes() {
         // In a ModelNew, permutes are torch views (made dense by torch
         // where a kernel reads them).
@@ -1168,6 +1183,7 @@ pub(crate) fn regions(g: &OpGraph, torch_views: bool, others: bool) -> Result<Ve
             || n.op.is_view()
             || mtmc_coder::export::library_op(&n.op)
             || (torch_views && matches!(n.op, Op::Layout(Layout::Permute { .. })))
+            || derived.contains(&id)
         {
             continue;
         }
