@@ -516,17 +516,19 @@ def build_reference(problem, s, device):
     for trial_seed in check_seeds:
         inputs = make_inputs(ns, trial_seed, device, s["inputs"])
         with t.no_grad():
-            outs = [o.detach() for o in outputs_of(model(*inputs))]
+            outs = forward_outputs(model, inputs)
         if kept == "device" and not refs:
             # Every check compares against outputs kept on the GPU when all
             # of them take at most about half of its memory (blocks the
             # allocator caches count as free). Larger ones are recomputed
             # on the GPU for each check, a forward of milliseconds, where
             # copying them from host memory took about a second per 6 GB.
-            size = sum(o.numel() * o.element_size() for o in outs) * len(check_seeds)
+            # One more set for the check with scaled parameters.
+            sets = len(check_seeds) + (1 if float_parameters(model) else 0)
+            size = sum(o.numel() * o.element_size() for o in outs) * sets
             free, _total = t.cuda.mem_get_info(device)
             free += t.cuda.memory_reserved(device) - t.cuda.memory_allocated(device)
-            if size > 0.55 * (free + size / len(check_seeds)):
+            if size > 0.55 * (free + size / sets):
                 kept = "recomputed"
         refs.append(outs if kept != "recomputed" else None)
         del inputs, outs
@@ -535,7 +537,7 @@ def build_reference(problem, s, device):
     ref["scaled_ref"] = None
     if kept != "recomputed" and float_parameters(model):
         inputs = make_inputs(ns, check_seeds[-1], device, s["inputs"])
-        ref["scaled_ref"] = with_scaled_parameters(model, lambda: [o.detach() for o in outputs_of(model(*inputs))])
+        ref["scaled_ref"] = with_scaled_parameters(model, lambda: forward_outputs(model, inputs))
         del inputs
     return ref
 
@@ -571,14 +573,7 @@ def scaled_reference_outputs(ref, inputs):
     its parameters scaled: kept, or recomputed like the other checks."""
     if ref["scaled_ref"] is not None:
         return ref["scaled_ref"]
-    t = torch()
-    now = math_flags()
-    try:
-        set_math_flags(ref["math"])
-        with t.no_grad():
-            return with_scaled_parameters(ref["model"], lambda: [o.detach() for o in outputs_of(ref["model"](*inputs))])
-    finally:
-        set_math_flags(now)
+    return reference_forward(ref, inputs, scaled=True)
 
 
 def reference_tf32(model, ns, seed, device, s):
@@ -595,9 +590,9 @@ def reference_tf32(model, ns, seed, device, s):
     inputs = make_inputs(ns, seed, device, s["inputs"])
     try:
         with t.no_grad():
-            rounded = [o.detach() for o in outputs_of(model(*inputs))]
+            rounded = forward_outputs(model, inputs)
             set_math_flags({"matmul_tf32": False, "cudnn_tf32": False, "precision": "highest"})
-            exact = [o.detach() for o in outputs_of(model(*inputs))]
+            exact = forward_outputs(model, inputs)
     finally:
         set_math_flags(flags)
     return any(
@@ -624,12 +619,26 @@ def reference_outputs(ref, n, inputs):
     kept = ref["refs"][n]
     if kept is not None:
         return kept
+    return reference_forward(ref, inputs)
+
+
+def forward_outputs(model, inputs):
+    """The model's outputs on `inputs`, detached."""
+    return [o.detach() for o in outputs_of(model(*inputs))]
+
+
+def reference_forward(ref, inputs, scaled=False):
+    """A forward of the reference model (with its parameters scaled when
+    `scaled`) under the math switches it was first computed with."""
     t = torch()
+    model = ref["model"]
     now = math_flags()
     try:
         set_math_flags(ref["math"])
         with t.no_grad():
-            return [o.detach() for o in outputs_of(ref["model"](*inputs))]
+            if scaled:
+                return with_scaled_parameters(model, lambda: forward_outputs(model, inputs))
+            return forward_outputs(model, inputs)
     finally:
         set_math_flags(now)
 
