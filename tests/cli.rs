@@ -965,6 +965,47 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
     );
 }
 
+/// The problems of `tests/families` (the GPU test's, a family or more
+/// each) compile for both targets without a GPU: CUDA by NVRTC, Triton
+/// by Triton. Few long lines are cut into runs combined atomically (the
+/// maximum, the minimum); the scans written with slices and the losses
+/// (the KL divergence's batch mean among them) are all kernels.
+#[test]
+fn family_problems_compile_for_cuda_and_triton() {
+    let Some(python) = torch_python() else { return };
+    if !nvrtc_expected() || std::env::var_os("MTMC_EXPECT_TRITON").is_none() {
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for target in ["cuda", "triton"] {
+        for id in 1..=16 {
+            let problem = format!("L1/{id}");
+            let out_dir = dir.path().join(format!("{target}_{id}"));
+            let out = common::optimize_family(target, id, &out_dir)
+                .env("MTMC_PYTHON", &python)
+                .env("MTMC_CACHE_DIR", cache.path())
+                .success();
+            let s = &out.stdout;
+            assert!(s.contains(": compiled, not run"), "{target} {problem}: {s}");
+            assert!(!s.contains("failed"), "{target} {problem}: {s}");
+            let code = std::fs::read_to_string(out_dir.join("model_new.py")).unwrap();
+            let wants: &[&str] = match (target, id) {
+                ("triton", 2) => &["tl.atomic_max("],
+                ("triton", 3) => &["tl.atomic_min("],
+                (_, 13 | 14) => &[" 0 library call(s)"],
+                _ => &[],
+            };
+            for want in wants {
+                assert!(
+                    code.contains(want) || s.contains(want),
+                    "{target} {problem}: {want}\n{s}"
+                );
+            }
+        }
+    }
+}
+
 /// `--target triton` without a GPU: every fragment compiled by Triton for
 /// sm_90 (`$MTMC_TEST_PYTHON` has triton), the `ModelNew` launches Triton
 /// kernels and no cupy; a region the Triton coder has no template for

@@ -1,7 +1,8 @@
 //! GPU tests, opt-in with `MTMC_GPU=1` (on a machine with a CUDA GPU and
 //! `libcuda`/`libnvrtc` on the library path): intents optimized and judged
 //! on the GPU against the f64 reference, one per kernel family that runs
-//! natively, GEMM kernels in each operand layout among them.
+//! natively, GEMM kernels in each operand layout among them; small
+//! problems of every family optimized for CUDA and for Triton.
 
 #[allow(dead_code)]
 mod common;
@@ -196,5 +197,32 @@ fn pooling_is_correct_staged_in_shared_memory_and_walked() {
         );
         assert!(s.matches(": correct, ").count() >= 4, "{problem}: {s}");
         assert!(!s.contains("incorrect"), "{problem}: {s}");
+    }
+}
+
+/// The problems of `tests/families` (one or more kernel families each:
+/// pointwise chains, sums, maxima and minima cut into runs combined
+/// atomically, argmax, logsumexp, softmax, norms, L1/L2 and Frobenius
+/// normalization, pools, scans, losses, a GEMM with its epilogue),
+/// optimized for each target and judged by the worker against the
+/// PyTorch model: every judged variant correct.
+#[test]
+fn family_problems_are_correct_on_the_gpu_in_cuda_and_triton() {
+    if !gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for target in ["cuda", "triton"] {
+        for id in 1..=16 {
+            let problem = format!("L1/{id}");
+            let out = dir.path().join(format!("{target}_{id}"));
+            let s = common::optimize_family(target, id, &out).success().stdout;
+            assert!(
+                s.contains("judged by the worker against the PyTorch model"),
+                "{target} {problem}: {s}"
+            );
+            assert!(s.contains(": correct, "), "{target} {problem}: {s}");
+            assert!(!s.contains("incorrect"), "{target} {problem}: {s}");
+        }
     }
 }

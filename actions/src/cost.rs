@@ -230,9 +230,9 @@ pub fn node_cost(g: &OpGraph, id: NodeId) -> Cost {
                 LossKind::Mse => 3,
                 LossKind::Huber { .. } | LossKind::SmoothL1 { .. } => 5,
                 LossKind::CrossEntropy => 6,
-                LossKind::Hinge => 3,
+                LossKind::Hinge { .. } => 3,
                 LossKind::TripletMargin { .. } => 8,
-                LossKind::Cosine => 7,
+                LossKind::Cosine { .. } => 7,
                 LossKind::KlDiv { .. } => 4,
             };
             exact(per * first_in)

@@ -59,7 +59,50 @@ fn narrow_args(subscript: &str) -> Option<(i64, i64, i64)> {
     Some((dim?, start?, length?))
 }
 
-/// `cat([c, scan(narrow(x, d, 0, n - 1), d)], d)` with `c` the scan's
+/// The dim and length of a slice that keeps the leading `length`
+/// elements of one dim of a tensor of shape `shape` and all of the
+/// others: `narrow(d, 0, length)` (by position or by name), or a basic
+/// subscript such as `[:, :-1]` or `[..., :7]`.
+fn leading_slice(subscript: &str, shape: &[u64]) -> Option<(usize, u64)> {
+    let rank = shape.len();
+    if let Some((d, start, length)) = narrow_args(subscript) {
+        let d = usize::try_from(if d < 0 { d + rank as i64 } else { d }).ok()?;
+        return (d < rank && start == 0 && length >= 0).then_some((d, length as u64));
+    }
+    let inner = subscript.strip_prefix('[')?.strip_suffix(']')?;
+    let parts: Vec<&str> = inner.split(',').map(str::trim).collect();
+    let ellipsis = parts.iter().position(|p| *p == "...");
+    // The dim each part indexes: those after an ellipsis count from the
+    // end.
+    let mut cut = None;
+    for (k, part) in parts.iter().enumerate() {
+        if *part == "..." || *part == ":" {
+            continue;
+        }
+        let dim = match ellipsis {
+            Some(e) if k > e => rank.checked_sub(parts.len() - k)?,
+            _ => k,
+        };
+        let stop = part.strip_prefix(':').or_else(|| part.strip_prefix("0:"))?;
+        let stop: i64 = stop.trim().parse().ok()?;
+        let extent = *shape.get(dim)? as i64;
+        let length = if stop < 0 {
+            extent + stop
+        } else {
+            stop.min(extent)
+        };
+        if cut.is_some() || length < 0 {
+            return None;
+        }
+        cut = Some((dim, length as u64));
+    }
+    // Dims past the subscript's are kept whole.
+    (parts.len() - usize::from(ellipsis.is_some()) <= rank).then_some(())?;
+    cut
+}
+
+/// `cat([c, scan(x[:n - 1], d)], d)` or `cat([c, scan(x, d)[:n - 1]], d)`
+/// (the slice along `d`, a `narrow` or a subscript) with `c` the scan's
 /// identity (zeros for a sum, ones for a product) one element deep along
 /// `d`: the exclusive scan of `x` (an "exclusive cumsum" written with
 /// torch's inclusive one). The same sums in the same order, in one op
@@ -77,17 +120,36 @@ pub fn fold_exclusive_scans(g: &mut OpGraph) {
         let &[first, second] = &g.inputs(cat)[..] else {
             continue;
         };
-        let Op::Scan(scan) = g.node(second.node).op.clone() else {
+        let out = g.node(cat).outputs[0].shape.clone();
+        // The slice, the scan, and x, in either order.
+        let slice_of = |t: TensorRef| match &g.node(t.node).op {
+            Op::Layout(Layout::Slice { subscript }) => {
+                let x = g.inputs(t.node)[0];
+                leading_slice(subscript, &g.tensor(x).shape).map(|cut| (x, cut))
+            }
+            _ => None,
+        };
+        let keep = (dim, out[dim].saturating_sub(1));
+        let found = match &g.node(second.node).op {
+            Op::Scan(_) => {
+                let s = g.inputs(second.node)[0];
+                slice_of(s)
+                    .filter(|(_, cut)| *cut == keep)
+                    .map(|(x, _)| (second.node, s.node, x))
+            }
+            _ => slice_of(second)
+                .filter(|(scanned, cut)| {
+                    matches!(g.node(scanned.node).op, Op::Scan(_)) && *cut == keep
+                })
+                .map(|(scanned, _)| (scanned.node, second.node, g.inputs(scanned.node)[0])),
+        };
+        let Some((scan_node, sliced, x)) = found else {
+            continue;
+        };
+        let Op::Scan(scan) = g.node(scan_node).op.clone() else {
             continue;
         };
         let identity = if scan.prod { 1.0 } else { 0.0 };
-        let out = g.node(cat).outputs[0].shape.clone();
-        let sliced = g.inputs(second.node)[0];
-        let Op::Layout(Layout::Slice { subscript }) = &g.node(sliced.node).op else {
-            continue;
-        };
-        let x = g.inputs(sliced.node)[0];
-        let rank = out.len() as i64;
         let single =
             |n: NodeId| g.consumers(n).len() == 1 && !g.outputs().iter().any(|t| t.node == n);
         let fits = matches!(g.node(first.node).op, Op::Constant { fill: Fill::Full(v) } if v == identity)
@@ -97,18 +159,13 @@ pub fn fold_exclusive_scans(g: &mut OpGraph) {
             && !scan.exclusive
             && g.tensor(x).shape == out
             && g.tensor(x).dtype == g.node(cat).outputs[0].dtype
-            && narrow_args(subscript).is_some_and(|(d, start, length)| {
-                (d.rem_euclid(rank.max(1))) as usize == dim
-                    && start == 0
-                    && length + 1 == out[dim] as i64
-            })
-            && single(second.node)
-            && single(sliced.node)
+            && single(scan_node)
+            && single(sliced)
             && single(first.node);
         if !fits {
             continue;
         }
-        let name = format!("{}_exclusive", g.node(second.node).name);
+        let name = format!("{}_exclusive", g.node(scan_node).name);
         let dtype = g.node(cat).outputs[0].dtype;
         let exclusive = g
             .add(
@@ -123,7 +180,7 @@ pub fn fold_exclusive_scans(g: &mut OpGraph) {
             .expect("x exists");
         g.place_after(exclusive, cat);
         crate::rewrite::redirect(g, cat, TensorRef::first(exclusive));
-        for n in [cat, second.node, sliced.node, first.node] {
+        for n in [cat, second.node, g.inputs(second.node)[0].node, first.node] {
             g.remove_unread(n);
         }
     }
@@ -295,5 +352,85 @@ mod tests {
         assert!(!swaps_last_two(&[2, 1, 0]));
         assert!(!swaps_last_two(&[0]));
         assert!(!swaps_last_two(&[1, 0, 2]));
+    }
+
+    #[test]
+    fn leading_slices_are_read_from_narrow_calls_and_subscripts() {
+        let shape = [4, 8, 5];
+        assert_eq!(leading_slice("narrow(1, 0, 7)", &shape), Some((1, 7)));
+        assert_eq!(
+            leading_slice("narrow(dim=-1, start=0, length=4)", &shape),
+            Some((2, 4))
+        );
+        assert_eq!(leading_slice("[:, :-1]", &shape), Some((1, 7)));
+        assert_eq!(leading_slice("[:, :, :-1]", &shape), Some((2, 4)));
+        assert_eq!(leading_slice("[..., :3]", &shape), Some((2, 3)));
+        assert_eq!(leading_slice("[:3]", &shape), Some((0, 3)));
+        assert_eq!(
+            leading_slice("[:, :, :, :1]", &shape),
+            None,
+            "past the rank"
+        );
+        assert_eq!(leading_slice("[:3, ...]", &shape), Some((0, 3)));
+        assert_eq!(leading_slice("[:, 1:]", &shape), None, "not from the start");
+        assert_eq!(leading_slice("[:, :-1, :2]", &shape), None, "two dims cut");
+        assert_eq!(leading_slice("narrow(1, 1, 7)", &shape), None);
+    }
+
+    /// `cat([zeros, cumsum(x, 1)[:, :-1]], 1)` over `x` of 4 x 8.
+    fn exclusive_by_slicing_the_scan(identity: f64) -> OpGraph {
+        use crate::dtype::TensorType;
+        let mut g = OpGraph::new();
+        let f = |s: &[u64]| vec![TensorType::new(s.to_vec(), crate::DType::F32)];
+        let x = g
+            .add("x", Op::Input { name: "x".into() }, &[], f(&[4, 8]))
+            .unwrap();
+        let scan = Scan {
+            prod: false,
+            dim: 1,
+            reverse: false,
+            exclusive: false,
+        };
+        let scan = g
+            .add("cumsum", Op::Scan(scan), &[TensorRef::first(x)], f(&[4, 8]))
+            .unwrap();
+        let slice = Op::Layout(Layout::Slice {
+            subscript: "[:, :-1]".into(),
+        });
+        let slice = g
+            .add("getitem", slice, &[TensorRef::first(scan)], f(&[4, 7]))
+            .unwrap();
+        let zeros = Op::Constant {
+            fill: Fill::Full(identity),
+        };
+        let zeros = g.add("zeros", zeros, &[], f(&[4, 1])).unwrap();
+        let cat = g
+            .add(
+                "cat",
+                Op::Layout(Layout::Concat { dim: 1 }),
+                &[TensorRef::first(zeros), TensorRef::first(slice)],
+                f(&[4, 8]),
+            )
+            .unwrap();
+        g.set_outputs(vec![TensorRef::first(cat)]);
+        g
+    }
+
+    #[test]
+    fn a_sliced_inclusive_scan_after_its_identity_is_an_exclusive_scan() {
+        let mut g = exclusive_by_slicing_the_scan(0.0);
+        fold_exclusive_scans(&mut g);
+        let ops: Vec<String> = g.nodes().map(|(_, n)| n.op.to_string()).collect();
+        assert_eq!(ops, ["input x", "cumsum dim=1 exclusive"]);
+        let out = g.outputs()[0];
+        assert_eq!(g.tensor(out).shape, [4, 8]);
+        assert!(matches!(
+            g.node(g.inputs(out.node)[0].node).op,
+            Op::Input { .. }
+        ));
+        // Ones in front of a sum are no identity: nothing changes.
+        let mut g = exclusive_by_slicing_the_scan(1.0);
+        fold_exclusive_scans(&mut g);
+        assert_eq!(g.nodes().count(), 5);
     }
 }

@@ -487,8 +487,12 @@ pub enum LossKind {
     },
     /// Cross entropy over class logits with integer targets.
     CrossEntropy,
-    /// max(0, 1 − a·b)
-    Hinge,
+    /// Hinge embedding: `a` where `b` is 1, max(0, margin − a) where `b`
+    /// is −1 (`F.hinge_embedding_loss`).
+    Hinge {
+        /// Margin.
+        margin: f64,
+    },
     /// max(d(a, p) − d(a, n) + margin, 0)
     TripletMargin {
         /// Margin.
@@ -496,8 +500,13 @@ pub enum LossKind {
         /// Order of the distance.
         p: f64,
     },
-    /// 1 − cos(a, b)
-    Cosine,
+    /// Cosine embedding of rows `a` and `b` with labels `y` (a third
+    /// operand): 1 − cos(a, b) where `y` is 1, max(0, cos(a, b) − margin)
+    /// where `y` is −1 (`F.cosine_embedding_loss`).
+    Cosine {
+        /// Margin.
+        margin: f64,
+    },
     /// Kullback–Leibler divergence.
     KlDiv {
         /// The target is given as log-probabilities.

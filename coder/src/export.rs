@@ -452,7 +452,19 @@ fn torch_fallback(
                     py(*margin),
                     py(*p)
                 ),
-                _ => return None,
+                LossKind::Hinge { margin } => format!(
+                    "F.hinge_embedding_loss({x}, {y}, margin={}, reduction={r:?})",
+                    py(*margin)
+                ),
+                LossKind::Cosine { margin } => format!(
+                    "F.cosine_embedding_loss({x}, {y}, {}, margin={}, reduction={r:?})",
+                    ins.get(2)?,
+                    py(*margin)
+                ),
+                LossKind::KlDiv { log_target } => format!(
+                    "F.kl_div({x}, {y}, reduction={r:?}, log_target={})",
+                    if *log_target { "True" } else { "False" }
+                ),
             }
         }
         Op::Layout(l) => match l {
@@ -471,6 +483,7 @@ fn torch_fallback(
             }
             // The tracer records constant padding (F.pad's default mode).
             Layout::Pad { pads } => format!("F.pad({x}, {})", int_list(pads)),
+            Layout::Cast { to } => format!("{x}.to(torch.{})", torch_dtype(*to).ok()?),
             // The tracer writes basic indexing as Python: a subscript, or a
             // narrow / select call (split makes several tensors: not here).
             Layout::Slice { subscript } if subscript.starts_with('[') => format!("{x}{subscript}"),

@@ -293,19 +293,10 @@ fn follows_parameter_changes(python: &str, exported: &str, inputs: &str, what: &
     );
 }
 
-/// An eval-mode batch norm (running statistics) after a convolution and a
-/// scale, traced from a Model with torch: it folds into the convolution's
-/// weights and a bias it did not have, and the export computes what the
-/// Model computes, before and after the parameters change.
-#[test]
-fn an_eval_mode_batch_norm_folds_into_the_convolution_before_it() {
-    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
-        return;
-    };
-    let code = "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3, bias=False)\n        self.bn = nn.BatchNorm2d(8)\n        with torch.no_grad():\n            self.bn.running_mean.uniform_(-1, 1)\n            self.bn.running_var.uniform_(0.5, 2)\n            self.bn.weight.uniform_(0.5, 2)\n            self.bn.bias.uniform_(-1, 1)\n        self.eval()\n\n    def forward(self, x):\n        return torch.relu(self.bn(self.conv(x) * 2.0))\n\n\ndef get_inputs():\n    return [torch.rand(2, 3, 10, 10)]\n\n\ndef get_init_inputs():\n    return []\n";
-    let problem =
-        serde_json::json!({"level": 9, "problem_id": 1, "name": "eval_conv_bn", "code": code});
-    let mut child = std::process::Command::new(&python)
+/// The graph of a problem's `code`, traced with torch by `python`.
+fn trace(python: &str, code: &str) -> mtmc_actions::graph::OpGraph {
+    let problem = serde_json::json!({"level": 9, "problem_id": 1, "name": "traced", "code": code});
+    let mut child = std::process::Command::new(python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../env/python/trace_graph.py"
@@ -320,7 +311,51 @@ fn an_eval_mode_batch_norm_folds_into_the_convolution_before_it() {
     assert!(out.status.success());
     let line = String::from_utf8(out.stdout).unwrap();
     let t = mtmc_actions::import::parse_trace(line.trim()).unwrap();
-    let g = mtmc_actions::import::import_trace(&t).unwrap().graph;
+    mtmc_actions::import::import_trace(&t).unwrap().graph
+}
+
+/// With torch on the CPU: casts, the KL divergence's batch mean, hinge
+/// and cosine embedding losses (their margins read from the call) export
+/// as torch calls, cosine similarity is expanded into the ops torch
+/// computes it with, and an exclusive scan written as a slice of torch's
+/// inclusive one is one scan; the export computes what the Model does.
+#[test]
+fn casts_losses_and_sliced_scans_export_like_the_model() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    let code = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n\n    def forward(self, x, p, q, sign):\n        exclusive = torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), torch.cumsum(x, dim=1)[:, :-1]), dim=1)\n        kl = F.kl_div(torch.log(p), q, reduction='batchmean')\n        hinge = F.hinge_embedding_loss(x, sign, margin=0.5)\n        cosine = F.cosine_embedding_loss(p, q, sign[:, 0], margin=0.1)\n        similar = F.cosine_similarity(x, p, dim=1, eps=1e-6)\n        losses = torch.argmax(x, dim=1).float() + kl + hinge + cosine + similar\n        return exclusive + losses.unsqueeze(1)\n\n\ndef get_inputs():\n    return [torch.randn(6, 9), torch.rand(6, 9).softmax(1), torch.rand(6, 9).softmax(1), torch.randint(0, 2, (6, 9)).float() * 2 - 1]\n\n\ndef get_init_inputs():\n    return []\n";
+    let g = trace(&python, code);
+    let ops: Vec<String> = g.nodes().map(|(_, n)| n.op.to_string()).collect();
+    for op in [
+        "cumsum dim=1 exclusive",
+        "cast f32",
+        "Hinge { margin: 0.5 } loss (Mean)",
+        "Cosine { margin: 0.1 } loss (Mean)",
+        "KlDiv { log_target: false } loss (BatchMean)",
+    ] {
+        assert!(ops.iter().any(|o| o == op), "{op}: {ops:?}");
+    }
+    assert!(
+        !ops.iter()
+            .any(|o| o.starts_with("concat") || o.starts_with("opaque")),
+        "{ops:?}"
+    );
+    let exported = to_model_new(&g, &Program::default(), code).unwrap();
+    runs_like_the_model(&python, &exported, "p['get_inputs']()", "casts and losses");
+}
+
+/// An eval-mode batch norm (running statistics) after a convolution and a
+/// scale, traced from a Model with torch: it folds into the convolution's
+/// weights and a bias it did not have, and the export computes what the
+/// Model computes, before and after the parameters change.
+#[test]
+fn an_eval_mode_batch_norm_folds_into_the_convolution_before_it() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    let code = "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3, bias=False)\n        self.bn = nn.BatchNorm2d(8)\n        with torch.no_grad():\n            self.bn.running_mean.uniform_(-1, 1)\n            self.bn.running_var.uniform_(0.5, 2)\n            self.bn.weight.uniform_(0.5, 2)\n            self.bn.bias.uniform_(-1, 1)\n        self.eval()\n\n    def forward(self, x):\n        return torch.relu(self.bn(self.conv(x) * 2.0))\n\n\ndef get_inputs():\n    return [torch.rand(2, 3, 10, 10)]\n\n\ndef get_init_inputs():\n    return []\n";
+    let g = trace(&python, code);
     assert!(
         g.nodes().any(|(_, n)| matches!(
             n.op,

@@ -818,6 +818,49 @@ fn losses_compile_elementwise_and_by_rows_with_one_combining_block() {
 }
 
 #[test]
+fn kl_divergence_compiles_with_its_batch_mean() {
+    use mtmc_actions::dtype::TensorType;
+    use mtmc_actions::graph::TensorRef;
+    use mtmc_actions::op::{Loss, LossKind, Op, Reduction};
+    for (log_target, reduction, term, finish) in [
+        (
+            false,
+            Reduction::BatchMean,
+            "(bv == 0.0f ? 0.0f : bv * logf(bv)) - bv * av",
+            "y[0] = acc / 4e1f",
+        ),
+        (true, Reduction::Sum, "expf(bv) * (bv - av)", "y[0] = acc;"),
+    ] {
+        let mut g = OpGraph::new();
+        let ins: Vec<TensorRef> = ["p", "q"]
+            .iter()
+            .map(|&name| {
+                let t = TensorType::new(vec![40, 100], DType::F32);
+                let id = g
+                    .add(name, Op::Input { name: name.into() }, &[], vec![t])
+                    .unwrap();
+                TensorRef::first(id)
+            })
+            .collect();
+        let kl = Op::Loss(Loss {
+            kind: LossKind::KlDiv { log_target },
+            reduction,
+        });
+        let y = g
+            .add("kl", kl, &ins, vec![TensorType::new(vec![], DType::F32)])
+            .unwrap();
+        g.set_outputs(vec![TensorRef::first(y)]);
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &last_node(&g))
+            .unwrap();
+        compiles(&f, "kl_div");
+        for piece in [term, finish] {
+            assert!(f.source.contains(piece), "{piece}:\n{}", f.source);
+        }
+    }
+}
+
+#[test]
 fn norms_of_long_groups_take_a_team_of_blocks_that_meet_in_one_launch() {
     // InstanceNorm2d of [112, 64, 512, 512]: 7168 rows of 256 K;
     // GroupNorm of [112, 64, 512, 512] in 8 groups: 896 groups of 2 M;

@@ -397,6 +397,22 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
             ),
         ),
         (
+            "kl divergence, batch mean",
+            loss_graph(
+                LossKind::KlDiv { log_target: false },
+                Reduction::BatchMean,
+                &[&[40, 100], &[40, 100]],
+            ),
+        ),
+        (
+            "kl divergence of log targets, summed",
+            loss_graph(
+                LossKind::KlDiv { log_target: true },
+                Reduction::Sum,
+                &[&[3, 700], &[3, 700]],
+            ),
+        ),
+        (
             "triplet margin",
             loss_graph(
                 LossKind::TripletMargin {

@@ -386,16 +386,19 @@ pub fn optimize_problem(
     // one: each judged against the PyTorch model like any other step.
     // Channels-last convolutions may run on TF32 where the reference's
     // NCHW ones did not (or on other TF32 kernels than the reference's),
-    // so the other rewrites are also tried without it.
-    let mut graphs: Vec<(OpGraph, Option<String>)> = vec![(g.clone(), None)];
-    if let Some((r, applied)) = mtmc_actions::rewrite::rewrite_all(g) {
-        let layout = applied.contains(&"channels_last") && applied.len() > 1;
-        graphs.push((r, Some(applied.join(", "))));
-        if layout
-            && let Some((r, applied)) =
-                mtmc_actions::rewrite::rewrite_all_but(g, &["channels_last"])
-        {
-            graphs.push((r, Some(applied.join(", "))));
+    // so the other rewrites are also tried without it. A graph with
+    // folded weights that no program of is correct is tried again
+    // without the fold (see [`without_fold`]).
+    let mut graphs = vec![Rewritten {
+        graph: g.clone(),
+        applied: Vec::new(),
+        skip: Vec::new(),
+    }];
+    if let Some(all) = Rewritten::all_but(g, Vec::new()) {
+        let layout = all.applied.contains(&"channels_last") && all.applied.len() > 1;
+        graphs.push(all);
+        if layout && let Some(r) = Rewritten::all_but(g, vec!["channels_last"]) {
+            graphs.push(r);
         }
     }
     let mut summary = Summary {
@@ -411,7 +414,13 @@ pub fn optimize_problem(
     let mut best: Option<(f64, Program, Params, Outcome, usize)> = None;
     let mut not_covered = None;
     let strict = judge.strict;
-    for (k, (graph, rewrites)) in graphs.iter().enumerate() {
+    // Fallbacks join the list as it is walked.
+    let mut next = 0;
+    while next < graphs.len() {
+        let k = next;
+        next += 1;
+        let (graph, rewrites) = (&graphs[k].graph, graphs[k].rewrites());
+        let rewrites = &rewrites;
         if strict && let Some(gap) = strict_gap(graph, target) {
             if let Some(names) = rewrites {
                 writeln!(out, "rewritten ({names}): {gap}")?;
@@ -496,6 +505,17 @@ pub fn optimize_problem(
             summary.library_calls = library_ops(graph, &program).len();
             best = Some((ms, program, params, o, k));
         }
+        if judge.gpu
+            && found.judged > 0
+            && found.correct == 0
+            && let Some(r) = without_fold(g, &graphs[k], &graphs)
+        {
+            writeln!(
+                out,
+                "  no program of the graph with folded weights was correct (where the reference's convolutions ran on TF32, folded weights round otherwise); trying its other rewrites without fold_into_weights"
+            )?;
+            graphs.push(r);
+        }
     }
     // When no kernel program is correct (or none can be written), every op
     // stays a torch call: the call-library action over the whole graph,
@@ -548,11 +568,66 @@ pub fn optimize_problem(
         correct: summary.correct,
         best: best.map(|(ms, program, params, o, _)| (ms, program, params, o)),
     };
-    let (graph, rewrites) = &graphs[chosen];
-    conclude(out, out_dir, &p.full_name(), found, graph, |program| {
-        write_model_new(out_dir, graph, program, &p.code, rewrites.is_some())
-    })?;
+    let chosen = &graphs[chosen];
+    conclude(
+        out,
+        out_dir,
+        &p.full_name(),
+        found,
+        &chosen.graph,
+        |program| {
+            write_model_new(
+                out_dir,
+                &chosen.graph,
+                program,
+                &p.code,
+                !chosen.applied.is_empty(),
+            )
+        },
+    )?;
     Ok(summary)
+}
+
+/// A graph the search judges: the traced one (nothing applied), or the
+/// one every rewrite but those in `skip` makes.
+struct Rewritten {
+    graph: OpGraph,
+    applied: Vec<&'static str>,
+    skip: Vec<&'static str>,
+}
+
+impl Rewritten {
+    /// `g` rewritten by every rewrite not in `skip`; `None` where none
+    /// applies.
+    fn all_but(g: &OpGraph, skip: Vec<&'static str>) -> Option<Self> {
+        let (graph, applied) = mtmc_actions::rewrite::rewrite_all_but(g, &skip)?;
+        Some(Rewritten {
+            graph,
+            applied,
+            skip,
+        })
+    }
+
+    /// The rewrites applied, as reports name them.
+    fn rewrites(&self) -> Option<String> {
+        (!self.applied.is_empty()).then(|| self.applied.join(", "))
+    }
+}
+
+/// `r` without its fold into weights, when it folded any and no graph
+/// in `tried` applies the same rewrites. Where the reference's
+/// convolutions ran on TF32, weights scaled before the convolution
+/// round otherwise than the reference's scaled after it, and miss the
+/// tolerance (L2/54's per-channel multiplier); the other rewrites may
+/// still pay.
+fn without_fold(g: &OpGraph, r: &Rewritten, tried: &[Rewritten]) -> Option<Rewritten> {
+    const FOLD: &str = "fold_into_weights";
+    if !r.applied.contains(&FOLD) {
+        return None;
+    }
+    let skip = r.skip.iter().copied().chain([FOLD]).collect();
+    let next = Rewritten::all_but(g, skip)?;
+    (!tried.iter().any(|t| t.applied == next.applied)).then_some(next)
 }
 
 /// Why graph `g` cannot be computed in strict mode (every op a custom
@@ -1478,4 +1553,94 @@ fn llm_search(
     )?;
     found.attempts.push(serde_json::json!({"llm": s}));
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mtmc_actions::dtype::TensorType;
+    use mtmc_actions::graph::TensorRef;
+    use mtmc_actions::op::{BinaryOp, Conv, UnaryOp};
+
+    /// `relu(conv(x, w) * 2)`, the weight a parameter.
+    fn scaled_convolution() -> OpGraph {
+        let mut g = OpGraph::new();
+        let f = |s: &[u64]| vec![TensorType::new(s.to_vec(), mtmc_actions::DType::F32)];
+        let x = g
+            .add("x", Op::Input { name: "x".into() }, &[], f(&[2, 3, 8, 8]))
+            .unwrap();
+        let w = g
+            .add(
+                "w",
+                Op::Param {
+                    name: "w".into(),
+                    trainable: true,
+                },
+                &[],
+                f(&[4, 3, 3, 3]),
+            )
+            .unwrap();
+        let conv = Op::Conv(Conv {
+            spatial: 2,
+            transposed: false,
+            kernel: vec![3, 3],
+            stride: vec![1, 1],
+            padding: vec![0, 0],
+            dilation: vec![1, 1],
+            output_padding: vec![0, 0],
+            groups: 1,
+            bias: false,
+        });
+        let out = [2, 4, 6, 6];
+        let conv = g
+            .add(
+                "conv",
+                conv,
+                &[TensorRef::first(x), TensorRef::first(w)],
+                f(&out),
+            )
+            .unwrap();
+        let scale = Op::Scalar {
+            op: BinaryOp::Mul,
+            value: 2.0,
+            scalar_first: false,
+        };
+        let scaled = g
+            .add("scaled", scale, &[TensorRef::first(conv)], f(&out))
+            .unwrap();
+        let y = g
+            .add(
+                "y",
+                Op::Unary(UnaryOp::Relu),
+                &[TensorRef::first(scaled)],
+                f(&out),
+            )
+            .unwrap();
+        g.set_outputs(vec![TensorRef::first(y)]);
+        g
+    }
+
+    #[test]
+    fn a_graph_with_folded_weights_falls_back_to_the_other_rewrites() {
+        let g = scaled_convolution();
+        // The fold gives the convolution a bias, which moves into the
+        // epilogue.
+        let all = || Rewritten::all_but(&g, Vec::new()).unwrap();
+        let fold = ["fold_into_weights", "conv_bias_in_epilogue"];
+        assert_eq!(all().applied, [&fold[..], &["channels_last"]].concat());
+        let no_layout = Rewritten::all_but(&g, vec!["channels_last"]).unwrap();
+        assert_eq!(no_layout.applied, fold);
+        // Without the fold: channels-last alone, once.
+        let next = without_fold(&g, &all(), &[all(), no_layout]).unwrap();
+        assert_eq!(next.applied, ["channels_last"]);
+        assert_eq!(next.skip, ["fold_into_weights"]);
+        assert!(without_fold(&g, &all(), &[all(), next]).is_none());
+        // Without the fold and the layout nothing applies: the traced
+        // graph, tried first.
+        let no_layout = Rewritten::all_but(&g, vec!["channels_last"]).unwrap();
+        assert!(without_fold(&g, &no_layout, &[]).is_none());
+        // A graph without a fold has no fallback.
+        let layout_only = Rewritten::all_but(&g, vec!["fold_into_weights"]).unwrap();
+        assert!(without_fold(&g, &layout_only, &[]).is_none());
+    }
 }

@@ -126,3 +126,20 @@ pub fn python3_has_torch() -> bool {
         .output()
         .is_ok_and(|o| o.status.success())
 }
+
+/// `mtmc optimize L1/ID` of the problems in `tests/families` for
+/// `target`, written to `out` (for `cli.rs` and `gpu.rs`).
+#[allow(dead_code)]
+pub fn optimize_family(target: &str, id: u32, out: &std::path::Path) -> Run {
+    let problem = format!("L1/{id}");
+    mtmc(&[
+        "optimize",
+        &problem,
+        "--kernelbench",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/families"),
+        "--target",
+        target,
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}

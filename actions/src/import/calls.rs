@@ -755,7 +755,13 @@ fn norm(c: &Call, kind: NormKind) -> Lower {
 fn loss(c: &Call, kind: LossKind, operands: usize, reduction_pos: usize) -> Lower {
     let mut inputs = Vec::new();
     for i in 0..operands {
-        inputs.push(c.tensor(i, ["input", "target", "negative"][i.min(2)])?);
+        // Keyword names: (input, target), an anchor's (anchor, positive,
+        // negative), a pair's (input1, input2, target).
+        let names = match c.key.as_str() {
+            "F.cosine_embedding_loss" => ["input1", "input2", "target"],
+            _ => ["input", "target", "negative"],
+        };
+        inputs.push(c.tensor(i, names[i.min(2)])?);
     }
     let red = if c.key.starts_with("nn.") {
         c.attr("reduction").cloned()
@@ -1300,7 +1306,22 @@ fn lower(im: &Importer, c: &Call) -> Lower {
             0,
         ),
         "F.cross_entropy" | "nn.CrossEntropyLoss" => loss(c, LossKind::CrossEntropy, 2, 5),
-        "F.hinge_embedding_loss" | "nn.HingeEmbeddingLoss" => loss(c, LossKind::Hinge, 2, 5),
+        "F.hinge_embedding_loss" => loss(
+            c,
+            LossKind::Hinge {
+                margin: c.f64_or(2, "margin", 1.0)?,
+            },
+            2,
+            5,
+        ),
+        "nn.HingeEmbeddingLoss" => loss(
+            c,
+            LossKind::Hinge {
+                margin: c.attr_f64("margin", 1.0),
+            },
+            2,
+            0,
+        ),
         "F.triplet_margin_loss" => loss(
             c,
             LossKind::TripletMargin {
@@ -1335,7 +1356,22 @@ fn lower(im: &Importer, c: &Call) -> Lower {
             2,
             0,
         ),
-        "F.cosine_embedding_loss" | "nn.CosineEmbeddingLoss" => loss(c, LossKind::Cosine, 2, 6),
+        "F.cosine_embedding_loss" => loss(
+            c,
+            LossKind::Cosine {
+                margin: c.f64_or(3, "margin", 0.0)?,
+            },
+            3,
+            6,
+        ),
+        "nn.CosineEmbeddingLoss" => loss(
+            c,
+            LossKind::Cosine {
+                margin: c.attr_f64("margin", 0.0),
+            },
+            3,
+            0,
+        ),
 
         // Attention and recurrent layers.
         "F.scaled_dot_product_attention" => {

@@ -1,5 +1,6 @@
 //! Composite `nn` modules expanded into the ops they compute:
-//! `MultiheadAttention` and `TransformerEncoderLayer`.
+//! `MultiheadAttention` and `TransformerEncoderLayer`; and
+//! `F.cosine_similarity`, as torch computes it.
 //!
 //! An expansion first checks everything it relies on (ranks, head split,
 //! parameters, no masks) and that the types it predicts equal the traced
@@ -25,6 +26,14 @@ pub(super) fn expand(
     kwargs: &BTreeMap<String, Val>,
     params: &BTreeMap<String, TensorRef>,
 ) -> Option<Result<Val, String>> {
+    if node.op == "function"
+        && matches!(
+            node.target.as_str(),
+            "torch.nn.functional.cosine_similarity" | "torch.cosine_similarity"
+        )
+    {
+        return Some(cosine_similarity(im, node, args, kwargs));
+    }
     let module = node.module.as_deref()?;
     let training = node.training.unwrap_or(true);
     Some(match module {
@@ -387,6 +396,83 @@ fn kw_bool(
         Some(Val::Const(Value::Bool(b))) => *b,
         _ => default,
     }
+}
+
+/// `cosine_similarity(x1, x2, dim, eps)` as torch computes it: each input
+/// divided by its L2 norm along `dim` (at least `eps`), the quotients
+/// multiplied and summed along `dim`. Inputs of one shape only.
+fn cosine_similarity(
+    im: &mut Importer,
+    node: &TraceNode,
+    args: &[Val],
+    kwargs: &BTreeMap<String, Val>,
+) -> Result<Val, String> {
+    let x1 = tensor_arg(args, kwargs, 0, "x1")?;
+    let x2 = tensor_arg(args, kwargs, 1, "x2")?;
+    let number = |i: usize, name: &str| match kwargs.get(name).or_else(|| args.get(i)) {
+        None => Ok(None),
+        Some(Val::Const(v)) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| format!("`{name}` is not a number")),
+        Some(_) => Err(format!("`{name}` is not a constant")),
+    };
+    let shape = im.graph.tensor(x1).shape.clone();
+    if im.graph.tensor(x2) != im.graph.tensor(x1) || shape.is_empty() {
+        return Err("inputs of different shapes (broadcast) are not modelled".into());
+    }
+    let rank = shape.len() as i64;
+    let dim = number(2, "dim")?.unwrap_or(1.0) as i64;
+    if !(-rank..rank).contains(&dim) {
+        return Err(format!("dim {dim} is out of range"));
+    }
+    let dim = dim.rem_euclid(rank) as usize;
+    let eps = number(3, "eps")?.unwrap_or(1e-8);
+    let mut kept = shape.clone();
+    kept[dim] = 1;
+    let mut out = shape.clone();
+    out.remove(dim);
+    let dtype = im.graph.tensor(x1).dtype;
+    if traced_types(im, &node.out)? != [TensorType::new(out.clone(), dtype)] {
+        return Err("the expansion's types differ from the traced ones".into());
+    }
+    let mut b = Builder {
+        im,
+        prefix: node.name.clone(),
+    };
+    let unit = |b: &mut Builder, k: usize, x: TensorRef| {
+        let norm = Op::Reduce(Reduce {
+            op: ReduceOp::Norm { p: 2.0 },
+            dims: vec![dim],
+            keepdim: true,
+        });
+        let n = b.add(&format!("norm{k}"), norm, &[x], kept.clone());
+        let clamp = Op::Unary(UnaryOp::Clamp {
+            min: Some(eps),
+            max: None,
+        });
+        let n = b.add(&format!("clamp{k}"), clamp, &[n], kept.clone());
+        b.add(
+            &format!("unit{k}"),
+            Op::Binary(BinaryOp::Div),
+            &[x, n],
+            shape.clone(),
+        )
+    };
+    let u1 = unit(&mut b, 1, x1);
+    let u2 = unit(&mut b, 2, x2);
+    let product = b.add(
+        "product",
+        Op::Binary(BinaryOp::Mul),
+        &[u1, u2],
+        shape.clone(),
+    );
+    let sum = Op::Reduce(Reduce {
+        op: ReduceOp::Sum,
+        dims: vec![dim],
+        keepdim: false,
+    });
+    Ok(Val::Tensor(b.add("sum", sum, &[product], out)))
 }
 
 fn traced_types(im: &Importer, out: &Value) -> Result<Vec<TensorType>, String> {

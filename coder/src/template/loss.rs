@@ -31,15 +31,15 @@ pub(super) struct LossView<'a> {
 }
 
 impl<'a> LossView<'a> {
-    /// Loss `node`, when it reduces to a mean or a sum over a float32
-    /// first input into a float32 result (`who` names the kernels in the
-    /// refusal).
+    /// Loss `node`, when it reduces to a mean, a sum or a batch mean (the
+    /// sum over the first dim's extent) over a float32 first input into a
+    /// float32 result (`who` names the kernels in the refusal).
     pub(super) fn of(g: &'a OpGraph, node: NodeId, who: &str) -> Result<LossView<'a>, Refusal> {
         let n = g.node(node);
         let Op::Loss(Loss { kind, reduction }) = &n.op else {
             return Err(Refusal::new(format!("`{}` is not a loss", n.name)));
         };
-        if !matches!(reduction, Reduction::Mean | Reduction::Sum) {
+        if *reduction == Reduction::None {
             return Err(Refusal::new(format!(
                 "`{}` reduces by {reduction:?}; {who} write a mean or a sum",
                 n.name
@@ -75,6 +75,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         numel,
         same: same_shapes,
     } = LossView::of(g, node, "the loss kernels")?;
+    let batch = shape.first().copied().unwrap_or(1);
     // (kernel parameters, per-item code leaving the term in `term`, items,
     // whether an item is a row taken by a warp, what the sum is divided by)
     let elementwise = |term: String| -> Result<_, Refusal> {
@@ -85,7 +86,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         }
         Ok((
             "const float* __restrict__ a, const float* __restrict__ b",
-            format!("float d = a[i] - b[i]; float term = {term};"),
+            format!(
+                "const float av = a[i], bv = b[i]; const float d = av - bv; float term = {term};"
+            ),
             numel,
             false,
             numel,
@@ -93,6 +96,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     };
     let (params, body, items, rows, count) = match kind {
         LossKind::Mse => elementwise("d * d".into())?,
+        // torch's xlogy(b, b) - b·a: 0 where b is 0.
+        LossKind::KlDiv { log_target: false } => {
+            elementwise("(bv == 0.0f ? 0.0f : bv * logf(bv)) - bv * av".into())?
+        }
+        LossKind::KlDiv { log_target: true } => elementwise("expf(bv) * (bv - av)".into())?,
         LossKind::Huber { delta } => {
             let delta = lit(*delta)?;
             elementwise(format!(
@@ -174,7 +182,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let splits = items.div_ceil(per_block).clamp(1, WAVES);
     let finish = match reduction {
         Reduction::Mean => format!("acc / {}", lit(count as f64)?),
-        _ => "acc".into(),
+        Reduction::BatchMean => format!("acc / {}", lit(batch as f64)?),
+        Reduction::Sum | Reduction::None => "acc".into(),
     };
     let mut src = String::new();
     let _ = writeln!(

@@ -1480,6 +1480,7 @@ fn loss(
         numel,
         same,
     } = LossView::of(g, node, "the Triton loss kernels")?;
+    let batch = shape.first().copied().unwrap_or(1);
     let wide = numel >= 1 << 31;
     let rows = |what: &str| -> Result<(u64, u64), Refusal> {
         if shape.len() != 2 || shape[1] > WHOLE_ROW {
@@ -1503,7 +1504,7 @@ fn loss(
             numel,
             numel,
             format!(
-                "        i = (it * G + pid) * {block} + tl.arange(0, {block})\n        m = i < {numel}\n        d = tl.load(a + i, mask=m, other=0.0) - tl.load(b + i, mask=m, other=0.0)\n        term = tl.sum(tl.where(m, {term}, 0.0), axis=0)\n"
+                "        i = (it * G + pid) * {block} + tl.arange(0, {block})\n        m = i < {numel}\n        av = tl.load(a + i, mask=m, other=0.0)\n        bv = tl.load(b + i, mask=m, other=0.0)\n        d = av - bv\n        term = tl.sum(tl.where(m, {term}, 0.0), axis=0)\n"
             ),
             block,
         ))
@@ -1523,6 +1524,11 @@ fn loss(
                 "tl.where(tl.abs(d) < {beta}, 0.5 * d * d / {beta}, tl.abs(d) - 0.5 * {beta})"
             ))?
         }
+        // torch's xlogy(b, b) - b·a: 0 where b is 0.
+        LossKind::KlDiv { log_target: false } => {
+            elementwise("tl.where(bv == 0.0, 0.0, bv * tl.log(bv)) - bv * av".into())?
+        }
+        LossKind::KlDiv { log_target: true } => elementwise("tl.exp(bv) * (bv - av)".into())?,
         LossKind::CrossEntropy => {
             let (n_rows, d) = rows("cross-entropy")?;
             let t = g.tensor(ins[1]);
@@ -1573,7 +1579,8 @@ fn loss(
     let iters = blocks.div_ceil(programs);
     let scale = match reduction {
         Reduction::Mean => format!(" / {count}.0"),
-        _ => String::new(),
+        Reduction::BatchMean => format!(" / {batch}.0"),
+        Reduction::Sum | Reduction::None => String::new(),
     };
     let mut src = String::new();
     let _ = writeln!(
