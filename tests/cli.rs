@@ -1009,8 +1009,8 @@ fn family_problems_compile_for_cuda_and_triton() {
 /// `--target triton` without a GPU: every fragment compiled by Triton for
 /// sm_90 (`$MTMC_TEST_PYTHON` has triton), the `ModelNew` launches Triton
 /// kernels and no cupy; a region the Triton coder has no template for
-/// (a scan) stays torch calls and says so; an intent is refused with the
-/// reason.
+/// (an eval-mode batch norm) stays torch calls and says so; an intent is
+/// refused with the reason.
 #[test]
 fn optimize_writes_triton_kernels_for_problems() {
     let Some(python) = torch_python() else { return };
@@ -1027,15 +1027,24 @@ fn optimize_writes_triton_kernels_for_problems() {
     }
     // L1/89's cumsum is a Triton scan; L2/52's batch norm a Triton norm
     // with the activation in front of it.
-    // A problem of this test's own normalizes with `F.normalize`, which has
-    // no Triton kernel: its region stays torch calls.
+    // Problems of this test's own: `F.normalize` over a middle dim, a
+    // Triton norm whose lines are strided; an eval-mode batch norm, which
+    // has no Triton kernel: its region stays torch calls.
     let own = tempfile::tempdir().unwrap();
-    let model = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n\n    def forward(self, x):\n        return F.normalize(x, dim=1) * 2.0\n\ndef get_inputs():\n    return [torch.rand(64, 32, 16)]\n\ndef get_init_inputs():\n    return []\n";
+    let model = |forward: &str, init: &str| {
+        format!(
+            "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n{init}\n    def forward(self, x):\n        return {forward}\n\ndef get_inputs():\n    return [torch.rand(64, 32, 16)]\n\ndef get_init_inputs():\n    return []\n"
+        )
+    };
     let jsonl = own.path().join("problems.jsonl");
     std::fs::write(
         &jsonl,
-        serde_json::json!({"level": 1, "problem_id": 901, "name": "901_Normalize", "code": model})
-            .to_string(),
+        [
+            serde_json::json!({"level": 1, "problem_id": 901, "name": "901_Normalize", "code": model("F.normalize(x, dim=1) * 2.0", "")}),
+            serde_json::json!({"level": 1, "problem_id": 902, "name": "902_Eval_BatchNorm", "code": model("self.bn(x) * 2.0", "        self.bn = nn.BatchNorm1d(32)\n        self.eval()\n")}),
+        ]
+        .map(|v| v.to_string())
+        .join("\n"),
     )
     .unwrap();
     let shared = shared_jsonl();
@@ -1053,8 +1062,14 @@ fn optimize_writes_triton_kernels_for_problems() {
         (
             "L1/901",
             jsonl.to_str().unwrap(),
+            Some("base = (r // 16) * 512 + r % 16"),
             None,
-            Some("stays torch calls: no Triton norm kernel yet for Lp"),
+        ),
+        (
+            "L1/902",
+            jsonl.to_str().unwrap(),
+            None,
+            Some("stays torch calls: no Triton norm kernel yet for Batch with running statistics"),
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();

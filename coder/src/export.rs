@@ -341,16 +341,20 @@ fn torch_fallback(
             bias,
             batch_stats,
         }) => {
-            let w = if *affine {
-                ins.get(1)?.clone()
-            } else {
-                "None".into()
+            // (x, weight, bias, running mean and variance), those present.
+            let mut rest = ins[1..].iter();
+            let mut next = |present: bool| -> Option<String> {
+                Some(if present {
+                    rest.next()?.clone()
+                } else {
+                    "None".into()
+                })
             };
-            let b = if *bias {
-                ins.get(2)?.clone()
-            } else {
-                "None".into()
-            };
+            let w = next(*affine)?;
+            let b = next(*bias)?;
+            let running = (!*batch_stats)
+                .then(|| Some(format!("{}, {}", next(true)?, next(true)?)))
+                .flatten();
             let eps = py(*eps);
             match kind {
                 NormKind::Layer { dims } => {
@@ -369,7 +373,19 @@ fn torch_fallback(
                 NormKind::Batch if *batch_stats => {
                     format!("F.batch_norm({x}, None, None, {w}, {b}, True, 0.1, {eps})")
                 }
-                _ => return None,
+                // Running statistics (eval mode), read and not updated.
+                NormKind::Batch => {
+                    format!(
+                        "F.batch_norm({x}, {}, {w}, {b}, False, 0.0, {eps})",
+                        running?
+                    )
+                }
+                NormKind::Instance => {
+                    format!(
+                        "F.instance_norm({x}, {}, {w}, {b}, False, 0.0, {eps})",
+                        running?
+                    )
+                }
             }
         }
         Op::Pool(Pool {

@@ -315,16 +315,17 @@ fn trace(python: &str, code: &str) -> mtmc_actions::graph::OpGraph {
 }
 
 /// With torch on the CPU: casts, the KL divergence's batch mean, hinge
-/// and cosine embedding losses (their margins read from the call) export
-/// as torch calls, cosine similarity is expanded into the ops torch
-/// computes it with, and an exclusive scan written as a slice of torch's
-/// inclusive one is one scan; the export computes what the Model does.
+/// and cosine embedding losses (their margins read from the call) and an
+/// eval-mode batch norm export as torch calls, cosine similarity is
+/// expanded into the ops torch computes it with, and an exclusive scan
+/// written as a slice of torch's inclusive one is one scan; the export
+/// computes what the Model does.
 #[test]
 fn casts_losses_and_sliced_scans_export_like_the_model() {
     let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
         return;
     };
-    let code = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n\n    def forward(self, x, p, q, sign):\n        exclusive = torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), torch.cumsum(x, dim=1)[:, :-1]), dim=1)\n        kl = F.kl_div(torch.log(p), q, reduction='batchmean')\n        hinge = F.hinge_embedding_loss(x, sign, margin=0.5)\n        cosine = F.cosine_embedding_loss(p, q, sign[:, 0], margin=0.1)\n        similar = F.cosine_similarity(x, p, dim=1, eps=1e-6)\n        losses = torch.argmax(x, dim=1).float() + kl + hinge + cosine + similar\n        return exclusive + losses.unsqueeze(1)\n\n\ndef get_inputs():\n    return [torch.randn(6, 9), torch.rand(6, 9).softmax(1), torch.rand(6, 9).softmax(1), torch.randint(0, 2, (6, 9)).float() * 2 - 1]\n\n\ndef get_init_inputs():\n    return []\n";
+    let code = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.bn = nn.BatchNorm1d(9)\n        with torch.no_grad():\n            self.bn.running_mean.uniform_(-1, 1)\n            self.bn.running_var.uniform_(0.5, 2)\n            self.bn.weight.uniform_(0.5, 2)\n        self.eval()\n\n    def forward(self, x, p, q, sign):\n        exclusive = torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), torch.cumsum(x, dim=1)[:, :-1]), dim=1)\n        kl = F.kl_div(torch.log(p), q, reduction='batchmean')\n        hinge = F.hinge_embedding_loss(x, sign, margin=0.5)\n        cosine = F.cosine_embedding_loss(p, q, sign[:, 0], margin=0.1)\n        similar = F.cosine_similarity(x, p, dim=1, eps=1e-6)\n        losses = torch.argmax(x, dim=1).float() + kl + hinge + cosine + similar\n        return exclusive + losses.unsqueeze(1) + self.bn(x)\n\n\ndef get_inputs():\n    return [torch.randn(6, 9), torch.rand(6, 9).softmax(1), torch.rand(6, 9).softmax(1), torch.randint(0, 2, (6, 9)).float() * 2 - 1]\n\n\ndef get_init_inputs():\n    return []\n";
     let g = trace(&python, code);
     let ops: Vec<String> = g.nodes().map(|(_, n)| n.op.to_string()).collect();
     for op in [
@@ -333,6 +334,7 @@ fn casts_losses_and_sliced_scans_export_like_the_model() {
         "Hinge { margin: 0.5 } loss (Mean)",
         "Cosine { margin: 0.1 } loss (Mean)",
         "KlDiv { log_target: false } loss (BatchMean)",
+        "batch_norm eps=0.00001 stats=running affine",
     ] {
         assert!(ops.iter().any(|o| o == op), "{op}: {ops:?}");
     }

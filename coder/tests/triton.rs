@@ -99,8 +99,8 @@ fn norm_graph(kind: NormKind, shape: &[u64]) -> OpGraph {
     g
 }
 
-/// `y = F.normalize(x, p, dim=-1)` over `x` of `shape`.
-fn lp_graph(p: f64, shape: &[u64]) -> OpGraph {
+/// `y = F.normalize(x, p, dim)` over `x` of `shape`.
+fn lp_graph(p: f64, shape: &[u64], dim: usize) -> OpGraph {
     let mut g = OpGraph::new();
     let t = TensorType::new(shape.to_vec(), DType::F32);
     let x = g
@@ -110,10 +110,7 @@ fn lp_graph(p: f64, shape: &[u64]) -> OpGraph {
         .add(
             "y",
             Op::Norm(Norm {
-                kind: NormKind::Lp {
-                    p,
-                    dim: shape.len() - 1,
-                },
+                kind: NormKind::Lp { p, dim },
                 eps: 1e-12,
                 affine: false,
                 bias: false,
@@ -289,8 +286,16 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
             norm_graph(NormKind::Instance, &[2, 3, 7, 9]),
         ),
         ("batch norm", norm_graph(NormKind::Batch, &[6, 5, 9, 7])),
-        ("L2 normalize of rows", lp_graph(2.0, &[7, 300])),
-        ("L1 normalize of long rows", lp_graph(1.0, &[3, 10000])),
+        ("L2 normalize of rows", lp_graph(2.0, &[7, 300], 1)),
+        ("L1 normalize of long rows", lp_graph(1.0, &[3, 10000], 1)),
+        (
+            "L2 normalize over a middle dim",
+            lp_graph(2.0, &[4, 37, 9], 1),
+        ),
+        (
+            "L1 normalize of long columns",
+            lp_graph(1.0, &[10000, 3], 0),
+        ),
         (
             "linear with its bias and a chain after it",
             graph("y = gelu(x @ w.T + b) * 0.5", "x=70x100,w=90x100,b=90"),

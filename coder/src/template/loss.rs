@@ -41,7 +41,7 @@ impl<'a> LossView<'a> {
         };
         if *reduction == Reduction::None {
             return Err(Refusal::new(format!(
-                "`{}` reduces by {reduction:?}; {who} write a mean or a sum",
+                "`{}` reduces by {reduction:?}; {who} write a mean, a sum or a batch mean",
                 n.name
             )));
         }

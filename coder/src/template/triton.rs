@@ -1059,10 +1059,11 @@ fn node_fragment(
 }
 
 /// Layer, RMS, group and instance norm (batch statistics), and L1 / L2
-/// normalization over the last dim: a program per normalized group (a
-/// contiguous row), the mean (not for RMS and Lp), then the sum of the
-/// squared deviations (of the absolute values for L1), then the scaled and
-/// shifted output.
+/// normalization over any dim: a program per normalized group (a
+/// contiguous row; for L1 / L2 over an inner dim, a line whose elements
+/// lie the inner extent apart), the mean (not for RMS and Lp), then the
+/// sum of the squared deviations (of the absolute values for L1), then the
+/// scaled and shifted output.
 fn norm(
     g: &OpGraph,
     node: NodeId,
@@ -1089,7 +1090,9 @@ fn norm(
     if matches!(kind, NormKind::Batch) && *batch_stats && shape.len() >= 2 {
         return batch_norm(g, node, name, loader, wide, (*eps, *affine, *bias));
     }
-    // (rows, K, the affine index from r and kk)
+    // (rows, K, the affine index from r and kk); a row's elements lie
+    // `inner` apart.
+    let mut inner = 1;
     let (rows, k, channel) = match kind {
         NormKind::Layer { dims } | NormKind::Rms { dims } => {
             let split = shape.len() - dims;
@@ -1118,11 +1121,14 @@ fn norm(
             shape[2..].iter().product(),
             format!("r % {} + kk * 0", shape[1]),
         ),
-        NormKind::Lp { p, dim } if (*p == 1.0 || *p == 2.0) && *dim + 1 == shape.len() => (
-            shape[..*dim].iter().product::<u64>(),
-            shape[*dim],
-            "kk".to_string(),
-        ),
+        NormKind::Lp { p, dim } if (*p == 1.0 || *p == 2.0) && *dim < shape.len() => {
+            inner = shape[dim + 1..].iter().product::<u64>();
+            (
+                shape[..*dim].iter().product::<u64>() * inner,
+                shape[*dim],
+                "kk".to_string(),
+            )
+        }
         other => {
             return Err(Refusal::new(format!(
                 "no Triton norm kernel yet for {other:?}{}",
@@ -1163,7 +1169,18 @@ fn norm(
         (*affine, *bias),
     );
     let _ = writeln!(src, "    r = {}", program_id(wide));
-    src.push_str("    base = r * K\n");
+    // The row's first element, and element kk's offset from it.
+    let at = if inner == 1 {
+        src.push_str("    base = r * K\n");
+        "base + kk".to_string()
+    } else {
+        let _ = writeln!(
+            src,
+            "    base = (r // {inner}) * {} + r % {inner}",
+            k * inner
+        );
+        format!("base + kk * {inner}")
+    };
     let _ = writeln!(src, "    k = tl.arange(0, {bk})");
     let mut out = "d * rstd".to_string();
     if *affine {
@@ -1172,7 +1189,7 @@ fn norm(
     if *bias {
         out += &format!(" + tl.load(b + {channel}, mask=m, other=0.0)");
     }
-    let load = loader.load("base + kk", "m");
+    let load = loader.load(&at, "m");
     if whole {
         src.push_str("    kk = k\n    m = kk < K\n");
         let _ = writeln!(src, "    v = tl.where(m, {load}, 0.0)");
@@ -1184,7 +1201,7 @@ fn norm(
         src.push_str("    d = tl.where(m, v - mean, 0.0)\n");
         let _ = writeln!(src, "    ss = tl.sum({term}, axis=0)");
         let _ = writeln!(src, "    rstd = {}", rstd.replace("SUM", "ss"));
-        let _ = writeln!(src, "    tl.store(y + base + kk, {out}, mask=m)");
+        let _ = writeln!(src, "    tl.store(y + {at}, {out}, mask=m)");
     } else {
         let pass = |src: &mut String| {
             let _ = writeln!(src, "    for k0 in range(0, {k}, {bk}):");
@@ -1212,7 +1229,7 @@ fn norm(
         );
         pass(&mut src);
         src.push_str("        d = v - mean\n");
-        let _ = writeln!(src, "        tl.store(y + base + kk, {out}, mask=m)");
+        let _ = writeln!(src, "        tl.store(y + {at}, {out}, mask=m)");
     }
     node_fragment(
         name,
