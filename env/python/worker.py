@@ -839,43 +839,61 @@ def evaluate(req):
         outcome["timing_seconds"] = _clock() - timing_began
         if cheated():
             return outcome
-        # New values in the same buffers: a candidate that returns a result
-        # cached during timing (keyed on the buffers) fails here.
+    except Exception as e:
+        return runtime_error(outcome, e)
+    tolerance = (atol, rtol, min_scale_ratio)
+
+    # New values in the same buffers: a candidate that returns a result
+    # cached during timing (keyed on the buffers) fails here.
+    def new_values():
+        fresh = make_inputs(ns, ref["check_seeds"][-1], device, s["inputs"])
+        refs = reference_outputs(ref, len(ref["check_seeds"]) - 1, fresh)
+        for buf, new in zip(inputs, fresh):
+            if isinstance(buf, t.Tensor):
+                buf.copy_(new)
+        return inputs, refs
+
+    failed = check_after_timing(outcome, model_new, sync, new_values, tolerance, "after timing, on new values in the same input buffers")
+    del inputs
+    if failed:
+        return failed
+
+    # The parameters change in place (the candidate's and the reference's
+    # alike): weights derived from them and kept must be recomputed.
+    def scaled_parameters():
+        inputs = make_inputs(ns, ref["check_seeds"][-1], device, s["inputs"])
+        refs = scaled_reference_outputs(ref, inputs)
+        for p in float_parameters(model_new):
+            p.mul_(PARAMETER_SCALE)
+        return inputs, refs
+
+    if float_parameters(ref["model"]):
+        failed = check_after_timing(outcome, model_new, sync, scaled_parameters, tolerance, f"after its parameters were scaled in place by {PARAMETER_SCALE} (as a training step changes them)")
+        if failed:
+            return failed
+    outcome["kernels"] = kernel_reports(cand_ns, model_new)
+    outcome["baselines"] = {k: v for k, v in ref["baselines"].items() if k in req.get("baselines", ["eager"])}
+    return outcome
+
+
+def check_after_timing(outcome, model_new, sync, prepare, tolerance, when):
+    """Runs the candidate once more (then `sync()`) on the inputs `prepare`
+    returns with their reference outputs, after timing; the outcome,
+    incorrect with no timing (or a runtime error), where it differs; else
+    None."""
+    t = torch()
+    try:
         with t.no_grad():
-            fresh = make_inputs(ns, ref["check_seeds"][-1], device, s["inputs"])
-            refs = reference_outputs(ref, len(ref["check_seeds"]) - 1, fresh)
-            for buf, new in zip(inputs, fresh):
-                if isinstance(buf, t.Tensor):
-                    buf.copy_(new)
-            del fresh
+            inputs, refs = prepare()
             out = model_new(*inputs)
             sync()
-            check = compare(refs, outputs_of(out), atol, rtol, min_scale_ratio)
+            check = compare(refs, outputs_of(out), *tolerance)
         del inputs, out, refs
     except Exception as e:
         return runtime_error(outcome, e)
     if not check["ok"]:
-        return failed_after_timing(outcome, check, "after timing, on new values in the same input buffers")
-    # The parameters change in place (the candidate's and the reference's
-    # alike): weights derived from them and kept must be recomputed.
-    if float_parameters(ref["model"]):
-        try:
-            with t.no_grad():
-                inputs = make_inputs(ns, ref["check_seeds"][-1], device, s["inputs"])
-                refs = scaled_reference_outputs(ref, inputs)
-                for p in float_parameters(model_new):
-                    p.mul_(PARAMETER_SCALE)
-                out = model_new(*inputs)
-                sync()
-                check = compare(refs, outputs_of(out), atol, rtol, min_scale_ratio)
-            del inputs, out, refs
-        except Exception as e:
-            return runtime_error(outcome, e)
-        if not check["ok"]:
-            return failed_after_timing(outcome, check, f"after its parameters were scaled in place by {PARAMETER_SCALE} (as a training step changes them)")
-    outcome["kernels"] = kernel_reports(cand_ns, model_new)
-    outcome["baselines"] = {k: v for k, v in ref["baselines"].items() if k in req.get("baselines", ["eager"])}
-    return outcome
+        return failed_after_timing(outcome, check, when)
+    return None
 
 
 def failed_after_timing(outcome, check, when):
