@@ -211,17 +211,26 @@ fn family_problems_are_correct(target: &str) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // Every problem runs before the verdict, so that one run names all
+    // the problems that fail.
+    let mut failed = Vec::new();
     for id in 1..=16 {
         let problem = format!("L1/{id}");
         let out = dir.path().join(format!("{target}_{id}"));
-        let s = common::optimize_family(target, id, &out).success().stdout;
-        assert!(
-            s.contains("judged by the worker against the PyTorch model"),
-            "{target} {problem}: {s}"
-        );
-        assert!(s.contains(": correct, "), "{target} {problem}: {s}");
-        assert!(!s.contains("incorrect"), "{target} {problem}: {s}");
+        let (status, run) = common::optimize_family(target, id, &out).finish();
+        let s = &run.stdout;
+        let judged = s.contains("judged by the worker against the PyTorch model");
+        let ok = status.success() && judged && s.contains(": correct, ");
+        eprintln!("{target} {problem}: {}", if ok { "ok" } else { "FAILED" });
+        if !ok || s.contains("incorrect") {
+            failed.push(format!(
+                "{target} {problem} (exit {:?}):\n{s}\n{}",
+                status.code(),
+                run.stderr
+            ));
+        }
     }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
 #[test]

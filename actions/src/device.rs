@@ -76,18 +76,10 @@ pub struct MathMode {
     /// fp32 tolerance (1e-4) rules this out, so it is off by default.
     pub allow_tf32: bool,
     /// Convolutions run as TF32: cuDNN does so under torch's defaults
-    /// (`torch.backends.cudnn.allow_tf32`), for the reference and for a
-    /// convolution kept as a library call alike.
+    /// (`torch.backends.cudnn.allow_tf32`). Where the reference's outputs
+    /// are TF32-rounded, this is the problem's math
+    /// (`Outcome::problem_math` in the env).
     pub conv_tf32: bool,
-}
-
-impl MathMode {
-    /// The math of a program whose convolutions are torch calls: fp32
-    /// everywhere but the convolutions, which cuDNN runs as TF32.
-    pub const TORCH_DEFAULTS: MathMode = MathMode {
-        allow_tf32: false,
-        conv_tf32: true,
-    };
 }
 
 impl DeviceSpec {

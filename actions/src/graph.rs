@@ -119,6 +119,21 @@ impl OpGraph {
         Ok(id)
     }
 
+    /// Adds a graph input called `name`.
+    pub fn add_input(&mut self, name: &str, ty: TensorType) -> TensorRef {
+        let op = Op::Input { name: name.into() };
+        TensorRef::first(self.add(name, op, &[], vec![ty]).expect("reads nothing"))
+    }
+
+    /// Adds a trainable parameter called `name`.
+    pub fn add_param(&mut self, name: &str, ty: TensorType) -> TensorRef {
+        let op = Op::Param {
+            name: name.into(),
+            trainable: true,
+        };
+        TensorRef::first(self.add(name, op, &[], vec![ty]).expect("reads nothing"))
+    }
+
     /// Moves `id` in the execution order to just after `anchor`. Everything
     /// `id` reads must come before `anchor` or be `anchor`.
     pub fn place_after(&mut self, id: NodeId, anchor: NodeId) {

@@ -153,6 +153,25 @@ pub struct Conv {
     pub bias: bool,
 }
 
+impl Conv {
+    /// A convolution over `kernel.len()` spatial dims with unit stride and
+    /// dilation, no padding, one channel group and no bias.
+    pub fn dense(kernel: &[u64]) -> Conv {
+        let ones = vec![1; kernel.len()];
+        Conv {
+            spatial: kernel.len(),
+            transposed: false,
+            kernel: kernel.to_vec(),
+            stride: ones.clone(),
+            padding: vec![0; kernel.len()],
+            dilation: ones,
+            output_padding: vec![0; kernel.len()],
+            groups: 1,
+            bias: false,
+        }
+    }
+}
+
 /// Elementwise functions of one tensor.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -52,41 +52,14 @@ fn an_elementwise_chain_moves_its_data_once_when_fused() {
 fn convolution_flops_follow_the_output_and_kernel() {
     let t = |s: &[u64]| TensorType::new(s.to_vec(), DType::F32);
     let mut g = OpGraph::new();
-    let x = g
-        .add(
-            "x",
-            Op::Input { name: "x".into() },
-            &[],
-            vec![t(&[8, 3, 32, 32])],
-        )
-        .unwrap();
-    let w = g
-        .add(
-            "w",
-            Op::Param {
-                name: "w".into(),
-                trainable: true,
-            },
-            &[],
-            vec![t(&[16, 3, 3, 3])],
-        )
-        .unwrap();
-    let conv = Conv {
-        spatial: 2,
-        transposed: false,
-        kernel: vec![3, 3],
-        stride: vec![1, 1],
-        padding: vec![0, 0],
-        dilation: vec![1, 1],
-        output_padding: vec![0, 0],
-        groups: 1,
-        bias: false,
-    };
+    let x = g.add_input("x", t(&[8, 3, 32, 32]));
+    let w = g.add_param("w", t(&[16, 3, 3, 3]));
+    let conv = Conv::dense(&[3, 3]);
     let y = g
         .add(
             "y",
             Op::Conv(conv.clone()),
-            &[TensorRef::first(x), TensorRef::first(w)],
+            &[x, w],
             vec![t(&[8, 16, 30, 30])],
         )
         .unwrap();
@@ -100,7 +73,7 @@ fn convolution_flops_follow_the_output_and_kernel() {
                 transposed: true,
                 ..conv
             }),
-            &[TensorRef::first(x), TensorRef::first(w)],
+            &[x, w],
             vec![t(&[8, 16, 34, 34])],
         )
         .unwrap();

@@ -337,15 +337,28 @@ impl Outcome {
         Some(b.mean_ms / self.runtime.as_ref()?.mean_ms)
     }
 
+    /// The math the problem allows a program: float32 everywhere, and
+    /// convolutions at the TF32 rate only where the reference's own ran on
+    /// TF32 ([`Outcome::reference_tf32`]). Where the reference is exact
+    /// float32, a TF32 convolution misses the tolerance, so the float32
+    /// rate bounds every correct program.
+    pub fn problem_math(&self) -> MathMode {
+        MathMode {
+            allow_tf32: false,
+            conv_tf32: self.reference_tf32,
+        }
+    }
+
     /// Fills [`Outcome::achieved`] from the problem's graph and the
-    /// device's roofline, when the candidate was timed on a GPU. Bytes are
-    /// the fused minimum (inputs, parameters and outputs once).
-    pub fn add_roofline(&mut self, graph: &OpGraph, device: &DeviceSpec, math: MathMode) {
+    /// device's roofline under [`Outcome::problem_math`], when the
+    /// candidate was timed on a GPU. Bytes are the fused minimum (inputs,
+    /// parameters and outputs once).
+    pub fn add_roofline(&mut self, graph: &OpGraph, device: &DeviceSpec) {
         let Some(rt) = &self.runtime else { return };
         if rt.clock != "cuda_events" || rt.mean_ms <= 0.0 {
             return;
         }
-        let roof = roofline(graph, device, math);
+        let roof = roofline(graph, device, self.problem_math());
         let seconds = rt.mean_ms * 1e-3;
         self.achieved = Some(Achieved {
             bandwidth_gbps: roof.cost.fused_bytes as f64 / seconds / 1e9,
@@ -383,5 +396,55 @@ mod tests {
         assert!(c.rel_to_scale.unwrap().is_nan());
         let bad = c.first_bad.unwrap();
         assert_eq!((bad.expected, bad.got.is_nan()), (0.25, true));
+    }
+
+    /// L2/57's convolution: 128 × 8 × 128 × 128 in, 64 channels of 3 × 3.
+    fn few_channel_convolution() -> OpGraph {
+        use mtmc_actions::op::{Conv, Op};
+        use mtmc_actions::{DType, TensorType};
+        let t = |s: &[u64]| TensorType::new(s.to_vec(), DType::F32);
+        let mut g = OpGraph::new();
+        let x = g.add_input("x", t(&[128, 8, 128, 128]));
+        let w = g.add_param("w", t(&[64, 8, 3, 3]));
+        let conv = Op::Conv(Conv::dense(&[3, 3]));
+        let y = g.add("y", conv, &[x, w], vec![t(&[128, 64, 126, 126])]);
+        g.set_outputs(vec![mtmc_actions::TensorRef::first(y.unwrap())]);
+        g
+    }
+
+    #[test]
+    fn the_roofline_runs_convolutions_at_tf32_only_where_the_reference_did() {
+        let specs = mtmc_actions::device::builtin_devices();
+        let h100 = mtmc_actions::device::find_device(&specs, "H100").unwrap();
+        let g = few_channel_convolution();
+        let flops = 2.0 * (128.0 * 64.0 * 126.0 * 126.0) * 8.0 * 9.0;
+        let achieved = |reference_tf32: bool| {
+            let mut o = Outcome::new(EvaluatorKind::Worker, Status::Correct);
+            o.reference_tf32 = reference_tf32;
+            o.runtime = Some(Timing {
+                mean_ms: 1.0,
+                median_ms: 1.0,
+                std_ms: 0.0,
+                min_ms: 1.0,
+                max_ms: 1.0,
+                trials: 100,
+                clock: "cuda_events".into(),
+            });
+            o.add_roofline(&g, h100);
+            let bound = roofline(&g, h100, o.problem_math()).bound;
+            (o.achieved.unwrap().roofline_ms, bound)
+        };
+        // An exact float32 reference: every correct program computes in
+        // float32, so the convolution's FLOPs at the FP32 rate bind.
+        let (ms, bound) = achieved(false);
+        assert!((ms - flops / 66.9e12 * 1e3).abs() < 1e-9, "{ms}");
+        assert_eq!(bound, mtmc_actions::device::Bound::Compute);
+        // A TF32 reference: the same FLOPs on tensor cores take less than
+        // moving the input and output once, and the bytes bind.
+        let (ms, bound) = achieved(true);
+        let bytes =
+            4.0 * (128.0 * 8.0 * 128.0 * 128.0 + 64.0 * 8.0 * 9.0 + 128.0 * 64.0 * 126.0 * 126.0);
+        assert!((ms - bytes / 3350e9 * 1e3).abs() < 1e-9, "{ms}");
+        assert_eq!(bound, mtmc_actions::device::Bound::Memory);
     }
 }

@@ -26,7 +26,7 @@ use mtmc_actions::problem::Problem;
 use mtmc_env::outcome::Status;
 use serde::{Deserialize, Serialize};
 
-use mtmc_actions::device::{Bound, MathMode, builtin_devices, find_device, roofline};
+use mtmc_actions::device::{Bound, builtin_devices, find_device, roofline};
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::OpClass;
 use mtmc_env::evaluator::{Candidate, Evaluator, ProblemSource};
@@ -493,7 +493,7 @@ fn bench_one(
                         find_device(&builtin_devices(), o.device.as_deref().unwrap_or("")).cloned();
                     record.memory_bound = match (&graph, spec) {
                         (Some(g), Some(spec)) => {
-                            roofline(g, &spec, MathMode::TORCH_DEFAULTS).bound == Bound::Memory
+                            roofline(g, &spec, o.problem_math()).bound == Bound::Memory
                         }
                         _ => false,
                     };
@@ -612,7 +612,7 @@ fn copy_bandwidth(timeout: Duration) -> Result<f64> {
         );
     }
     if let Some(spec) = find_device(&builtin_devices(), o.device.as_deref().unwrap_or("")) {
-        o.add_roofline(&g, spec, MathMode::TORCH_DEFAULTS);
+        o.add_roofline(&g, spec);
     }
     o.achieved.map(|a| a.bandwidth_gbps).context(
         "the copy ran on a GPU mtmc has no figures for, so its bytes per second are unknown",

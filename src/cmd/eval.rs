@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use mtmc_actions::device::{MathMode, builtin_devices, find_device};
+use mtmc_actions::device::{builtin_devices, find_device};
 use mtmc_actions::graph::OpGraph;
 use mtmc_env::evaluator::{
     Candidate, CompileOnly, EvalError, Evaluator, ProblemSource, WorkerEvaluator, WorkerSettings,
@@ -314,7 +314,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             &graph,
             find_device(&specs, o.device.as_deref().unwrap_or("")),
         ) {
-            o.add_roofline(g, spec, MathMode::TORCH_DEFAULTS);
+            o.add_roofline(g, spec);
         }
         print(out, c.name(), &o)?;
         out.flush()?;
@@ -364,7 +364,7 @@ fn run_on_gpus(
             graph,
             find_device(&specs, o.device.as_deref().unwrap_or("")),
         ) {
-            o.add_roofline(g, spec, MathMode::TORCH_DEFAULTS);
+            o.add_roofline(g, spec);
         }
         writeln!(out, "[GPU {}]", d.slot)?;
         print(out, name, &o)?;

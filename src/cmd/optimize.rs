@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use mtmc_actions::device::{MathMode, builtin_devices, find_device};
+use mtmc_actions::device::{builtin_devices, find_device};
 use mtmc_actions::graph::{NodeId, OpGraph};
 use mtmc_actions::op::{Layout, Op, OpClass};
 use mtmc_coder::MicroCoder;
@@ -763,11 +763,11 @@ pub(crate) fn judge_programs(
         .collect()
 }
 
-/// The roofline of the graph on the outcome's GPU, convolutions at the
-/// TF32 rate cuDNN runs them at under torch's defaults.
+/// The roofline of the graph on the outcome's GPU, under the math the
+/// problem allows (convolutions at TF32 only where the reference's were).
 fn add_roofline(o: &mut Outcome, g: &OpGraph, specs: &[mtmc_actions::device::DeviceSpec]) {
     if let Some(spec) = find_device(specs, o.device.as_deref().unwrap_or("")) {
-        o.add_roofline(g, spec, MathMode::TORCH_DEFAULTS);
+        o.add_roofline(g, spec);
     }
 }
 
