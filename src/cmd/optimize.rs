@@ -1565,41 +1565,13 @@ mod tests {
     /// `relu(conv(x, w) * 2)`, the weight a parameter.
     fn scaled_convolution() -> OpGraph {
         let mut g = OpGraph::new();
-        let f = |s: &[u64]| vec![TensorType::new(s.to_vec(), mtmc_actions::DType::F32)];
-        let x = g
-            .add("x", Op::Input { name: "x".into() }, &[], f(&[2, 3, 8, 8]))
-            .unwrap();
-        let w = g
-            .add(
-                "w",
-                Op::Param {
-                    name: "w".into(),
-                    trainable: true,
-                },
-                &[],
-                f(&[4, 3, 3, 3]),
-            )
-            .unwrap();
-        let conv = Op::Conv(Conv {
-            spatial: 2,
-            transposed: false,
-            kernel: vec![3, 3],
-            stride: vec![1, 1],
-            padding: vec![0, 0],
-            dilation: vec![1, 1],
-            output_padding: vec![0, 0],
-            groups: 1,
-            bias: false,
-        });
+        let t = |s: &[u64]| TensorType::new(s.to_vec(), mtmc_actions::DType::F32);
+        let f = |s: &[u64]| vec![t(s)];
+        let x = g.add_input("x", t(&[2, 3, 8, 8]));
+        let w = g.add_param("w", t(&[4, 3, 3, 3]));
         let out = [2, 4, 6, 6];
-        let conv = g
-            .add(
-                "conv",
-                conv,
-                &[TensorRef::first(x), TensorRef::first(w)],
-                f(&out),
-            )
-            .unwrap();
+        let conv = Op::Conv(Conv::dense(&[3, 3]));
+        let conv = g.add("conv", conv, &[x, w], f(&out)).unwrap();
         let scale = Op::Scalar {
             op: BinaryOp::Mul,
             value: 2.0,
