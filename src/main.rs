@@ -256,6 +256,10 @@ enum Command {
         /// with `--features cuda`).
         #[arg(long, default_value = "cpu")]
         device: mtmc_planner::policy::Device,
+        /// Leave the validation problems (`compare --split validation`)
+        /// out of training too, to choose settings on them.
+        #[arg(long)]
+        validation: bool,
     },
     /// Compare the planners (trained, random, greedy, exhaustive) on the
     /// recorded outcomes of the held-out problems: geomean speedup, fast_1,
@@ -594,6 +598,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             seed,
             resume,
             device,
+            validation,
         } => cmd::plan::train(
             out,
             cmd::plan::TrainRequest {
@@ -610,6 +615,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     ..Default::default()
                 },
                 resume,
+                validation,
             },
         ),
         Command::Compare {

@@ -125,6 +125,7 @@ fn explore_train_compare_and_a_planned_optimize() {
         assert_eq!(csv.lines().count(), 6, "{csv}");
     }
 
+    let json = dir.path().join("compare.json");
     let run = mtmc(&[
         "compare",
         "--trajectories",
@@ -133,6 +134,8 @@ fn explore_train_compare_and_a_planned_optimize() {
         &ck_s,
         "--split",
         "all",
+        "--json",
+        &json.to_string_lossy(),
     ])
     .success();
     for planner in ["trained", "random", "greedy", "exhaustive"] {
@@ -142,6 +145,60 @@ fn explore_train_compare_and_a_planned_optimize() {
             run.stdout
         );
     }
+    assert!(run.stdout.contains("evals to 90%"), "{}", run.stdout);
+    // The JSON holds the table and each problem's result per planner.
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = doc["planners"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{doc}");
+    assert!(rows.iter().all(|r| r["reached_90"].is_number()), "{doc}");
+    let problems = doc["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 2, "{doc}");
+    for p in problems {
+        assert!(p["programs"].as_u64().unwrap() >= 1, "{p}");
+        for planner in ["trained", "random", "greedy"] {
+            let used = p["planners"][planner]["evaluations"].as_f64().unwrap();
+            assert!((1.0..=8.0).contains(&used), "{planner}: {p}");
+        }
+    }
+
+    // Settings are chosen on the validation problems, which
+    // `train --validation` leaves out: L1/24 trains, L2/76 is held out.
+    let ck_v = dir.path().join("ck-validation");
+    let run = mtmc(&[
+        "train",
+        "--trajectories",
+        &store_s,
+        "--out",
+        &ck_v.to_string_lossy(),
+        "--iterations",
+        "2",
+        "--episodes",
+        "4",
+        "--hidden",
+        "16",
+        "--validation",
+    ])
+    .success();
+    assert!(
+        run.stdout.contains("1 training problem(s) (")
+            && run.stdout.contains("1 held out (test and validation)"),
+        "{}",
+        run.stdout
+    );
+    let err = mtmc(&[
+        "compare",
+        "--trajectories",
+        &store_s,
+        "--split",
+        "validation",
+    ])
+    .failure();
+    assert!(
+        err.error.contains("no recorded problem in this split"),
+        "{}",
+        err.error
+    );
 
     let out = dir.path().join("out");
     let run = mtmc(&[
