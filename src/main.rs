@@ -280,6 +280,12 @@ enum Command {
         /// Also write the table as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
+        /// Replay on the trees that this planner's episodes built (its
+        /// name in the store: exhaustive, greedy, random, trained) instead
+        /// of on every recorded program. A tree that holds a planner's own
+        /// episodes favours that planner.
+        #[arg(long, value_name = "PLANNER")]
+        recorded_by: Option<String>,
     },
     /// Send one tiny request to the configured LLM endpoint and say what
     /// works: reachable, model listed, reply in the expected JSON, latency.
@@ -624,12 +630,13 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             budget,
             split,
             json,
+            recorded_by,
         } => cmd::plan::compare(
             out,
             &trajectories,
             checkpoint.as_deref(),
-            budget,
-            split,
+            (budget, split),
+            recorded_by.as_deref(),
             json.as_deref(),
         ),
         Command::LlmCheck { llm } => cmd::llm::check(out, &llm),

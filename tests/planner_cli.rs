@@ -125,19 +125,15 @@ fn explore_train_compare_and_a_planned_optimize() {
         assert_eq!(csv.lines().count(), 6, "{csv}");
     }
 
+    // `compare` on this store, with more flags.
+    let compare = |more: &[&str]| {
+        let mut args = vec!["compare", "--trajectories", &store_s];
+        args.extend_from_slice(more);
+        mtmc(&args)
+    };
     let json = dir.path().join("compare.json");
-    let run = mtmc(&[
-        "compare",
-        "--trajectories",
-        &store_s,
-        "--checkpoint",
-        &ck_s,
-        "--split",
-        "all",
-        "--json",
-        &json.to_string_lossy(),
-    ])
-    .success();
+    let json_s = json.to_string_lossy().into_owned();
+    let run = compare(&["--checkpoint", &ck_s, "--split", "all", "--json", &json_s]).success();
     for planner in ["trained", "random", "greedy", "exhaustive"] {
         assert!(
             run.stdout.lines().any(|l| l.starts_with(planner)),
@@ -146,6 +142,52 @@ fn explore_train_compare_and_a_planned_optimize() {
         );
     }
     assert!(run.stdout.contains("evals to 90%"), "{}", run.stdout);
+    // The random episodes helped build these trees: compare says so.
+    assert!(
+        run.stdout
+            .contains("other planners than exhaustive (random on 2)"),
+        "{}",
+        run.stdout
+    );
+    // On the exhaustive episodes' programs alone: L2/76's tree is the six
+    // programs its exhaustive episode evaluated, and nothing is warned of.
+    let json_x = dir.path().join("compare-exhaustive.json");
+    let json_x_s = json_x.to_string_lossy().into_owned();
+    let run = compare(&[
+        "--split",
+        "all",
+        "--recorded-by",
+        "exhaustive",
+        "--json",
+        &json_x_s,
+    ])
+    .success();
+    assert!(!run.stdout.contains("warning"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("(the programs episodes of exhaustive reached)"),
+        "{}",
+        run.stdout
+    );
+    let doc_x: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_x).unwrap()).unwrap();
+    assert_eq!(doc_x["recorded_by"], "exhaustive", "{doc_x}");
+    let programs = |doc: &serde_json::Value, name: &str| {
+        doc["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["problem"].as_str().unwrap().starts_with(name))
+            .map(|p| p["programs"].as_u64().unwrap())
+            .unwrap()
+    };
+    let err = compare(&["--split", "all", "--recorded-by", "greedy"]).failure();
+    assert!(
+        err.error
+            .contains("(planners with episodes here: exhaustive, random)"),
+        "{}",
+        err.error
+    );
     // The JSON holds the table and each problem's result per planner.
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -154,6 +196,10 @@ fn explore_train_compare_and_a_planned_optimize() {
     assert!(rows.iter().all(|r| r["reached_90"].is_number()), "{doc}");
     let problems = doc["problems"].as_array().unwrap();
     assert_eq!(problems.len(), 2, "{doc}");
+    assert_eq!(programs(&doc_x, "L2/76"), 6, "{doc_x}");
+    // (the seeded random episodes reached programs the exhaustive one did
+    // not, so the unfiltered tree is larger)
+    assert!(programs(&doc, "L2/76") > 6, "{doc}");
     for p in problems {
         assert!(p["programs"].as_u64().unwrap() >= 1, "{p}");
         for planner in ["trained", "random", "greedy"] {
@@ -186,14 +232,7 @@ fn explore_train_compare_and_a_planned_optimize() {
         "{}",
         run.stdout
     );
-    let err = mtmc(&[
-        "compare",
-        "--trajectories",
-        &store_s,
-        "--split",
-        "validation",
-    ])
-    .failure();
+    let err = compare(&["--split", "validation"]).failure();
     assert!(
         err.error.contains("no recorded problem in this split"),
         "{}",

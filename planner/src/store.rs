@@ -347,6 +347,43 @@ impl Store {
             .collect()
     }
 
+    /// The recorded evaluations of `problem` that episodes of `planner`
+    /// reached (as a step's program), by key: the tree that planner's
+    /// episodes alone built.
+    pub fn evaluations_by(
+        &self,
+        problem: &str,
+        planner: &str,
+    ) -> Result<BTreeMap<String, Diagnosis>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT e.key, e.diagnosis FROM evaluations e
+                 WHERE e.problem = ?1 AND EXISTS (
+                     SELECT 1 FROM steps s JOIN episodes p ON s.episode = p.id
+                     WHERE s.problem = e.problem AND s.next_state = e.key AND p.planner = ?2)",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows: Vec<(String, String)> = q
+            .query_map([problem, planner], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))?;
+        rows.into_iter()
+            .map(|(k, d)| Ok((k, serde_json::from_str(&d).map_err(|e| self.json(e))?)))
+            .collect()
+    }
+
+    /// The planners that recorded episodes of `problem`, by name.
+    pub fn planners_of(&self, problem: &str) -> Result<Vec<String>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare("SELECT DISTINCT planner FROM episodes WHERE problem = ?1 ORDER BY planner")
+            .map_err(|e| self.sql(e))?;
+        q.query_map([problem], |r| r.get(0))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))
+    }
+
     /// The evaluation of one program of `problem`, if recorded.
     pub fn evaluation(&self, problem: &str, key: &str) -> Result<Option<Diagnosis>, StoreError> {
         let text: Option<String> = self

@@ -41,12 +41,25 @@ impl TreeProblem {
 /// The recorded problems of `store` (those named in `only`, when given)
 /// that have at least one evaluation.
 pub fn load(store: &Store, only: Option<&[String]>) -> Result<Vec<TreeProblem>, StoreError> {
+    load_by(store, only, None)
+}
+
+/// As [`load`], with each tree built from the episodes of `planner` alone
+/// when given (the programs its episodes reached).
+pub fn load_by(
+    store: &Store,
+    only: Option<&[String]>,
+    planner: Option<&str>,
+) -> Result<Vec<TreeProblem>, StoreError> {
     let mut out = Vec::new();
     for problem in store.problems()? {
         if only.is_some_and(|names| !names.contains(&problem.name)) {
             continue;
         }
-        let evals = store.evaluations(&problem.name)?;
+        let evals = match planner {
+            Some(by) => store.evaluations_by(&problem.name, by)?,
+            None => store.evaluations(&problem.name)?,
+        };
         if evals.is_empty() {
             continue;
         }

@@ -1086,20 +1086,63 @@ pub fn compare(
     out: &mut dyn std::io::Write,
     store_path: &Path,
     checkpoint: Option<&Path>,
-    budget: usize,
-    split: Split,
+    (budget, split): (usize, Split),
+    recorded_by: Option<&str>,
     json: Option<&Path>,
 ) -> Result<()> {
     let store = Store::open(store_path)?;
-    let problems: Vec<TreeProblem> = tree::load(&store, None)?
+    let problems: Vec<TreeProblem> = tree::load_by(&store, None, recorded_by)?
         .into_iter()
         .filter(|p| split.keeps(&p.problem.name))
         .collect();
     if problems.is_empty() {
-        bail!(
-            "`{}` has no recorded problem in this split: run `mtmc explore` on them first",
-            store_path.display()
-        );
+        match recorded_by {
+            Some(by) => {
+                let mut present = std::collections::BTreeSet::new();
+                for p in tree::load(&store, None)? {
+                    if split.keeps(&p.problem.name) {
+                        present.extend(store.planners_of(&p.problem.name)?);
+                    }
+                }
+                let present: Vec<String> = present.into_iter().collect();
+                bail!(
+                    "`{}` has no problem in this split with episodes of planner `{by}` (planners with episodes here: {}): name one of those, or leave out --recorded-by",
+                    store_path.display(),
+                    if present.is_empty() {
+                        "none".to_string()
+                    } else {
+                        present.join(", ")
+                    }
+                )
+            }
+            None => bail!(
+                "`{}` has no recorded problem in this split: run `mtmc explore` on them first",
+                store_path.display()
+            ),
+        }
+    }
+    if recorded_by.is_none() {
+        // Replay is fair only on trees no compared planner helped build:
+        // a planner finds its own recorded path whole.
+        let mut others: std::collections::BTreeMap<String, usize> = Default::default();
+        for p in problems.iter() {
+            for by in store.planners_of(&p.problem.name)? {
+                if by != "exhaustive" {
+                    *others.entry(by).or_default() += 1;
+                }
+            }
+        }
+        if !others.is_empty() {
+            let list: Vec<String> = others
+                .iter()
+                .map(|(by, n)| format!("{by} on {n}"))
+                .collect();
+            writeln!(
+                out,
+                "warning: these trees also hold episodes of other planners than exhaustive ({}); replay favours a planner on the trees its own episodes built: pass --recorded-by exhaustive to compare on the exhaustive episodes' programs only",
+                list.join(", ")
+            )?;
+        }
     }
     let problems = Arc::new(problems);
     let exhaustive: Vec<f64> = problems.iter().map(TreeProblem::best).collect();
@@ -1188,10 +1231,13 @@ pub fn compare(
     ));
     writeln!(
         out,
-        "{} problem(s) ({:?} split), budget {budget} evaluations (exhaustive: every recorded program); outcomes replayed from {}",
+        "{} problem(s) ({:?} split), budget {budget} evaluations (exhaustive: every recorded program); outcomes replayed from {}{}",
         problems.len(),
         split,
-        store_path.display()
+        store_path.display(),
+        recorded_by.map_or(String::new(), |by| format!(
+            " (the programs episodes of {by} reached)"
+        ))
     )?;
     writeln!(
         out,
@@ -1226,6 +1272,7 @@ pub fn compare(
             "split": format!("{split:?}").to_lowercase(),
             "budget": budget,
             "store": store_path.display().to_string(),
+            "recorded_by": recorded_by,
             "planners": rows,
             "problems": per_problem,
         });
