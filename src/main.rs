@@ -633,11 +633,14 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             recorded_by,
         } => cmd::plan::compare(
             out,
-            &trajectories,
-            checkpoint.as_deref(),
-            (budget, split),
-            recorded_by.as_deref(),
-            json.as_deref(),
+            cmd::plan::CompareRequest {
+                store: &trajectories,
+                checkpoint: checkpoint.as_deref(),
+                budget,
+                split,
+                recorded_by: recorded_by.as_deref(),
+                json: json.as_deref(),
+            },
         ),
         Command::LlmCheck { llm } => cmd::llm::check(out, &llm),
         Command::LlmReplay {

@@ -334,17 +334,10 @@ impl Store {
     /// The recorded evaluations of `problem`: the diagnosis of each
     /// program, by key.
     pub fn evaluations(&self, problem: &str) -> Result<BTreeMap<String, Diagnosis>, StoreError> {
-        let mut q = self
-            .conn
-            .prepare("SELECT key, diagnosis FROM evaluations WHERE problem = ?1")
-            .map_err(|e| self.sql(e))?;
-        let rows: Vec<(String, String)> = q
-            .query_map([problem], |r| Ok((r.get(0)?, r.get(1)?)))
-            .and_then(|rows| rows.collect())
-            .map_err(|e| self.sql(e))?;
-        rows.into_iter()
-            .map(|(k, d)| Ok((k, serde_json::from_str(&d).map_err(|e| self.json(e))?)))
-            .collect()
+        self.diagnoses(
+            "SELECT key, diagnosis FROM evaluations WHERE problem = ?1",
+            &[problem],
+        )
     }
 
     /// The recorded evaluations of `problem` that episodes of `planner`
@@ -355,17 +348,26 @@ impl Store {
         problem: &str,
         planner: &str,
     ) -> Result<BTreeMap<String, Diagnosis>, StoreError> {
-        let mut q = self
-            .conn
-            .prepare(
-                "SELECT e.key, e.diagnosis FROM evaluations e
-                 WHERE e.problem = ?1 AND EXISTS (
-                     SELECT 1 FROM steps s JOIN episodes p ON s.episode = p.id
-                     WHERE s.problem = e.problem AND s.next_state = e.key AND p.planner = ?2)",
-            )
-            .map_err(|e| self.sql(e))?;
+        self.diagnoses(
+            "SELECT e.key, e.diagnosis FROM evaluations e
+             WHERE e.problem = ?1 AND EXISTS (
+                 SELECT 1 FROM steps s JOIN episodes p ON s.episode = p.id
+                 WHERE s.problem = e.problem AND s.next_state = e.key AND p.planner = ?2)",
+            &[problem, planner],
+        )
+    }
+
+    /// The `(key, diagnosis)` rows of `sql`, decoded, by key.
+    fn diagnoses(
+        &self,
+        sql: &str,
+        args: &[&str],
+    ) -> Result<BTreeMap<String, Diagnosis>, StoreError> {
+        let mut q = self.conn.prepare(sql).map_err(|e| self.sql(e))?;
         let rows: Vec<(String, String)> = q
-            .query_map([problem, planner], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map(rusqlite::params_from_iter(args), |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .and_then(|rows| rows.collect())
             .map_err(|e| self.sql(e))?;
         rows.into_iter()

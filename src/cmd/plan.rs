@@ -1079,17 +1079,34 @@ struct PlannerResult {
     evaluations: f64,
 }
 
+/// What `mtmc compare` was asked to do.
+pub struct CompareRequest<'a> {
+    /// The store.
+    pub store: &'a Path,
+    /// A checkpoint to compare, if any.
+    pub checkpoint: Option<&'a Path>,
+    /// Evaluations per problem.
+    pub budget: usize,
+    /// Which problems.
+    pub split: Split,
+    /// Replay on the programs this planner's episodes reached alone.
+    pub recorded_by: Option<&'a str>,
+    /// Where the JSON goes, if anywhere.
+    pub json: Option<&'a Path>,
+}
+
 /// Replays each planner on the held-out problems' recorded tree with
 /// `budget` evaluations (exhaustive: every recorded program), and prints
 /// the comparison table.
-pub fn compare(
-    out: &mut dyn std::io::Write,
-    store_path: &Path,
-    checkpoint: Option<&Path>,
-    (budget, split): (usize, Split),
-    recorded_by: Option<&str>,
-    json: Option<&Path>,
-) -> Result<()> {
+pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<()> {
+    let CompareRequest {
+        store: store_path,
+        checkpoint,
+        budget,
+        split,
+        recorded_by,
+        json,
+    } = req;
     let store = Store::open(store_path)?;
     let problems: Vec<TreeProblem> = tree::load_by(&store, None, recorded_by)?
         .into_iter()
@@ -1099,9 +1116,9 @@ pub fn compare(
         match recorded_by {
             Some(by) => {
                 let mut present = std::collections::BTreeSet::new();
-                for p in tree::load(&store, None)? {
-                    if split.keeps(&p.problem.name) {
-                        present.extend(store.planners_of(&p.problem.name)?);
+                for p in store.problems()? {
+                    if split.keeps(&p.name) {
+                        present.extend(store.planners_of(&p.name)?);
                     }
                 }
                 let present: Vec<String> = present.into_iter().collect();
