@@ -1115,13 +1115,9 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     if problems.is_empty() {
         match recorded_by {
             Some(by) => {
-                let mut present = std::collections::BTreeSet::new();
-                for p in store.problems()? {
-                    if split.keeps(&p.name) {
-                        present.extend(store.planners_of(&p.name)?);
-                    }
-                }
-                let present: Vec<String> = present.into_iter().collect();
+                let names = store.problems()?.into_iter().map(|p| p.name);
+                let present = planners_in(&store, names.filter(|n| split.keeps(n)))?;
+                let present: Vec<String> = present.into_keys().collect();
                 bail!(
                     "`{}` has no problem in this split with episodes of planner `{by}` (planners with episodes here: {}): name one of those, or leave out --recorded-by",
                     store_path.display(),
@@ -1141,14 +1137,8 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     if recorded_by.is_none() {
         // Replay is fair only on trees no compared planner helped build:
         // a planner finds its own recorded path whole.
-        let mut others: std::collections::BTreeMap<String, usize> = Default::default();
-        for p in problems.iter() {
-            for by in store.planners_of(&p.problem.name)? {
-                if by != "exhaustive" {
-                    *others.entry(by).or_default() += 1;
-                }
-            }
-        }
+        let mut others = planners_in(&store, problems.iter().map(|p| p.problem.name.clone()))?;
+        others.remove("exhaustive");
         if !others.is_empty() {
             let list: Vec<String> = others
                 .iter()
@@ -1297,6 +1287,21 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
     Ok(())
+}
+
+/// The planners with episodes of the problems `names`, each with how many
+/// of those problems it has episodes of.
+fn planners_in(
+    store: &Store,
+    names: impl Iterator<Item = String>,
+) -> Result<std::collections::BTreeMap<String, usize>> {
+    let mut count = std::collections::BTreeMap::new();
+    for name in names {
+        for by in store.planners_of(&name)? {
+            *count.entry(by).or_default() += 1;
+        }
+    }
+    Ok(count)
 }
 
 /// A planner's row: its bests per problem, mean evaluations, and
