@@ -246,6 +246,11 @@ enum Command {
         /// Adam's learning rate.
         #[arg(long, default_value_t = 1e-3)]
         lr: f64,
+        /// What each evaluation costs in the reward. 0: the budget alone
+        /// limits the search; a cost teaches the policy to stop early
+        /// (ARCHITECTURE.md, Reward).
+        #[arg(long, default_value_t = 0.0)]
+        step_cost: f64,
         /// Seed (a seeded run is reproducible).
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -601,6 +606,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             budget,
             hidden,
             lr,
+            step_cost,
             seed,
             resume,
             device,
@@ -615,6 +621,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 ppo: mtmc_planner::ppo::PpoConfig {
                     episodes,
                     max_steps: budget,
+                    step_cost,
                     hidden,
                     lr,
                     seed,

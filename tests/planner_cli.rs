@@ -105,6 +105,18 @@ fn explore_train_compare_and_a_planned_optimize() {
     assert_eq!(csv.lines().count(), 4, "{csv}");
     let svg = std::fs::read_to_string(ck.join("curves.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
+    // An evaluation costs nothing in the reward unless asked; a negative
+    // cost is refused before anything is read or written.
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ck.join("train.json")).unwrap()).unwrap();
+    assert_eq!(meta["ppo"]["step_cost"], 0.0, "{meta}");
+    let err = train("3", &["--step-cost=-1"]).failure();
+    assert!(
+        err.error
+            .contains("--step-cost -1: give a cost of 0 or more"),
+        "{}",
+        err.error
+    );
     // A checkpoint is never overwritten by accident; --resume continues it.
     let err = train("3", &[]).failure();
     assert!(err.error.contains("pass --resume"), "{}", err.error);
@@ -224,8 +236,13 @@ fn explore_train_compare_and_a_planned_optimize() {
         "--hidden",
         "16",
         "--validation",
+        "--step-cost",
+        "0.005",
     ])
     .success();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ck_v.join("train.json")).unwrap()).unwrap();
+    assert_eq!(meta["ppo"]["step_cost"], 0.005, "{meta}");
     assert!(
         run.stdout.contains("1 training problem(s) (")
             && run.stdout.contains("1 held out (test and validation)"),

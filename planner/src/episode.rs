@@ -19,7 +19,8 @@ use crate::space::{ACTIONS, Config, Move, Shape, legal};
 /// The reward's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reward {
-    /// Every evaluation costs this (budget pressure).
+    /// Every evaluation costs this (0 by default: the budget is the
+    /// pressure; `mtmc train --step-cost` sets it).
     pub step: f64,
     /// The fragment was refused or did not compile.
     pub build_failed: f64,
@@ -38,7 +39,7 @@ pub struct Reward {
 impl Default for Reward {
     fn default() -> Reward {
         Reward {
-            step: -0.005,
+            step: 0.0,
             build_failed: -0.5,
             wrong: -0.3,
             crashed: -0.4,
@@ -213,8 +214,20 @@ mod tests {
 
     #[test]
     fn reward_cases() {
-        let r = Reward::default();
         let eq = |a: f64, b: f64| assert!((a - b).abs() < 1e-12, "{a} != {b}");
+        // By default an evaluation costs nothing in itself.
+        let free = Reward::default();
+        eq(free.of(&diag(Status::Incorrect, None), None), -0.3);
+        eq(free.of(&diag(Status::Correct, Some(1.5)), Some(2.0)), 0.0);
+        eq(
+            free.of(&diag(Status::Correct, Some(2.0)), None),
+            0.1 + 2f64.ln(),
+        );
+        // With a cost of 0.005 per evaluation (`train --step-cost 0.005`).
+        let r = Reward {
+            step: -0.005,
+            ..Reward::default()
+        };
         // A fragment that does not compile.
         eq(
             r.of(

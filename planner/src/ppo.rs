@@ -40,6 +40,10 @@ pub struct PpoConfig {
     pub hidden: usize,
     /// Evaluations per episode.
     pub max_steps: usize,
+    /// What each evaluation costs in the reward (`Reward::step` is its
+    /// negative).
+    #[serde(default)]
+    pub step_cost: f64,
     /// Seed of everything random.
     pub seed: u64,
 }
@@ -58,6 +62,7 @@ impl Default for PpoConfig {
             episodes: 64,
             hidden: 128,
             max_steps: 8,
+            step_cost: 0.0,
             seed: 1,
         }
     }

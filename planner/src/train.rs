@@ -14,6 +14,7 @@ use burn::optim::Optimizer;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
+use crate::episode::Reward;
 use crate::policy::{Checkpoint, CheckpointError, CpuTrain, Device, Meta};
 use crate::ppo::{AdamRecord, EpisodeSummary, Ppo, PpoConfig, rollout};
 use crate::rng::Rng;
@@ -154,7 +155,10 @@ fn train_with<B: AutodiffBackend>(
     for it in start..iterations {
         let t0 = Instant::now();
         let seed = config.seed.wrapping_mul(1_000_003).wrapping_add(it as u64);
-        let mut env = TreeEnv::new(problems.clone(), config.max_steps, seed);
+        let mut env = TreeEnv::new(problems.clone(), config.max_steps, seed).with_reward(Reward {
+            step: -config.step_cost,
+            ..Reward::default()
+        });
         let mut rng = Rng::new(seed ^ 0xA5A5);
         let (t, summaries) = rollout(
             &ppo.acting(),

@@ -116,6 +116,12 @@ impl TreeEnv {
         env
     }
 
+    /// The same environment with the reward `reward`.
+    pub fn with_reward(mut self, reward: Reward) -> TreeEnv {
+        self.reward = reward;
+        self
+    }
+
     /// Starts an episode on problem `k`.
     pub fn start(&mut self, k: usize) {
         self.current = k;

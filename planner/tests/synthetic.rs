@@ -251,3 +251,27 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
     let csv = std::fs::read_to_string(c.path().join("curves.csv")).unwrap();
     assert_eq!(csv.lines().count(), 5, "{csv}");
 }
+
+#[test]
+fn the_tree_charges_the_step_cost_it_is_given() {
+    use burn::rl::Environment;
+    use mtmc_planner::episode::Reward;
+    let m = Move::CallLibrary(mtmc_planner::space::Slot::All).index();
+    let first = |reward: Option<Reward>| {
+        let mut env = TreeEnv::new(problems(), 4, 0);
+        if let Some(r) = reward {
+            env = env.with_reward(r);
+        }
+        env.start(0);
+        assert!(env.state().mask[m]);
+        env.step(m).reward
+    };
+    let free = first(None);
+    let costly = first(Some(Reward {
+        step: -0.25,
+        ..Reward::default()
+    }));
+    // The library program is the first correct one (0.9x: no gain).
+    assert!((free - 0.1).abs() < 1e-12, "{free}");
+    assert!((costly - (free - 0.25)).abs() < 1e-12, "{costly}");
+}

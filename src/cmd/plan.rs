@@ -928,6 +928,12 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     if !req.device.available() {
         return Err(mtmc_planner::train::TrainError::NoCuda.into());
     }
+    let cost = req.ppo.step_cost;
+    if !(cost.is_finite() && cost >= 0.0) {
+        bail!(
+            "--step-cost {cost}: give a cost of 0 or more (0, the default, charges nothing per evaluation)"
+        );
+    }
     let store = Store::open(req.store)?;
     let all = tree::load(&store, None)?;
     let trains = |name: &str| !(held_out(name) || req.validation && validation(name));
