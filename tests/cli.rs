@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{mtmc, python3_has_torch, shared_jsonl, shared_problem_code};
+use common::{mtmc, python3_has_torch, read_json, shared_jsonl, shared_problem_code};
 
 #[test]
 fn problems_lists_the_200_shared_problems_from_the_jsonl() {
@@ -467,8 +467,7 @@ fn eval_without_a_gpu_compiles_the_candidates_cuda_and_runs_nothing() {
         "{}",
         out.stdout
     );
-    let saved: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let saved = read_json(&json);
     assert_eq!(saved[0]["outcome"]["status"], "compiled_only");
     assert_eq!(saved[0]["outcome"]["evaluator"], "compile_only");
 }
@@ -780,9 +779,7 @@ fn bench_keeps_each_result_resumes_where_it_stopped_and_starts_over_on_fresh() {
     let results = std::fs::read_to_string(out_dir.join("results.jsonl")).unwrap();
     assert_eq!(results.lines().count(), 2, "{results}");
     assert!(out_dir.join("L1_19_ReLU/model_new.py").is_file());
-    let bench: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
-            .unwrap();
+    let bench = read_json(&out_dir.join("bench.json"));
     assert_eq!(bench["levels"]["L1"]["compiled_only"], 2, "{bench}");
 
     // A run cut short keeps its finished lines; a torn last line is
@@ -872,9 +869,7 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
         return;
     }
     let kb = shared_jsonl();
-    let report = |dir: &std::path::Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
-    };
+    let report = |dir: &std::path::Path| read_json(&dir.join("report.json"));
     let strict = tempfile::tempdir().unwrap();
     let out = optimize_shared("L2/12", &["--strict"], strict.path()).success();
     assert!(
@@ -951,9 +946,7 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
         "{}",
         out.stdout
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(bench.path().join("b/bench.json")).unwrap())
-            .unwrap();
+    let summary = read_json(&bench.path().join("b/bench.json"));
     assert_eq!(summary["strict"], true, "{summary}");
     assert_eq!(summary["levels"]["L1"]["compiled_only"], 1, "{summary}");
     let out = mtmc(&["bench", "L1/19", "--kernelbench", &kb, "--out", dir]).failure();

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{mtmc, shared_jsonl};
+use common::{mtmc, read_json, shared_jsonl};
 use mtmc_llm::replay::{Server, Step};
 use mtmc_llm::{Provider, Store};
 
@@ -105,9 +105,7 @@ fn optimize_with_the_llm_coder_runs_end_to_end_and_replays_offline() {
     let model_new = std::fs::read_to_string(out_dir.join("model_new.py")).unwrap();
     assert!(model_new.contains("void k1_llm("), "{model_new}");
     assert!(model_new.contains("_KERNELS[\"k1_llm\"]"), "{model_new}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
-            .unwrap();
+    let report = read_json(&out_dir.join("report.json"));
     let attempts = report["attempts"].as_array().unwrap();
     assert!(attempts.iter().any(|a| a["llm"]["calls"] == 1), "{report}");
     assert!(

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{mtmc, shared_jsonl};
+use common::{mtmc, read_json, shared_jsonl};
 
 #[test]
 fn explore_train_compare_and_a_planned_optimize() {
@@ -107,8 +107,7 @@ fn explore_train_compare_and_a_planned_optimize() {
     assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 4);
     // An evaluation costs nothing in the reward unless asked; a negative
     // cost is refused before anything is read or written.
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(ck.join("train.json")).unwrap()).unwrap();
+    let meta = read_json(&ck.join("train.json"));
     assert_eq!(meta["ppo"]["step_cost"], 0.0, "{meta}");
     let err = train("3", &["--step-cost=-1"]).failure();
     assert!(
@@ -181,8 +180,7 @@ fn explore_train_compare_and_a_planned_optimize() {
         "{}",
         run.stdout
     );
-    let doc_x: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_x).unwrap()).unwrap();
+    let doc_x = read_json(&json_x);
     assert_eq!(doc_x["recorded_by"], "exhaustive", "{doc_x}");
     let programs = |doc: &serde_json::Value, name: &str| {
         doc["problems"]
@@ -201,8 +199,7 @@ fn explore_train_compare_and_a_planned_optimize() {
         err.error
     );
     // The JSON holds the table and each problem's result per planner.
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let doc = read_json(&json);
     let rows = doc["planners"].as_array().unwrap();
     assert_eq!(rows.len(), 4, "{doc}");
     assert!(rows.iter().all(|r| r["reached_90"].is_number()), "{doc}");
@@ -240,8 +237,7 @@ fn explore_train_compare_and_a_planned_optimize() {
         "0.005",
     ])
     .success();
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(ck_v.join("train.json")).unwrap()).unwrap();
+    let meta = read_json(&ck_v.join("train.json"));
     assert_eq!(meta["ppo"]["step_cost"], 0.005, "{meta}");
     assert!(
         run.stdout.contains("1 training problem(s) (")

@@ -149,3 +149,12 @@ pub fn optimize_family(target: &str, id: u32, out: &std::path::Path) -> Run {
         out.to_str().unwrap(),
     ])
 }
+
+/// A JSON file the command wrote, parsed (the test fails, naming it, when
+/// it is missing or not JSON).
+#[allow(dead_code)]
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
