@@ -42,7 +42,6 @@ pub struct PpoConfig {
     pub max_steps: usize,
     /// What each evaluation costs in the reward (`Reward::step` is its
     /// negative).
-    #[serde(default)]
     pub step_cost: f64,
     /// Seed of everything random.
     pub seed: u64,
