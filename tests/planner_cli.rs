@@ -306,8 +306,9 @@ fn a_planned_search_can_build_from_the_rewritten_graph() {
     ])
     .success();
     let s = &run.stdout;
+    // Two rewritten graphs: every rewrite, and all but channels-last.
     assert!(
-        s.contains("rewrites conv_bias_in_epilogue, channels_last"),
+        s.contains("; rw = conv_bias_in_epilogue + channels_last; rw-cl = conv_bias_in_epilogue;"),
         "{s}"
     );
     // Greedy: kernels first, then the same program from the rewritten graph.
@@ -320,4 +321,38 @@ fn a_planned_search_can_build_from_the_rewritten_graph() {
         "{s}"
     );
     assert!(out.join("model_new.py").is_file());
+    // Breadth-first, every operator-level move from the library program
+    // comes first: the convolution as an implicit-GEMM kernel and both
+    // rewritten graphs among them.
+    let store = dir.path().join("traj.sqlite");
+    mtmc(&[
+        "--kernelbench",
+        &kb,
+        "explore",
+        "L2/31",
+        "--split",
+        "all",
+        "--planner",
+        "exhaustive",
+        "--budget",
+        "5",
+        "--trajectories",
+        store.to_str().unwrap(),
+    ])
+    .success();
+    let evals = mtmc_planner::store::Store::open(&store)
+        .unwrap()
+        .evaluations("L2/31_Conv2d_Min_Add_Multiply")
+        .unwrap();
+    let keys: Vec<&str> = evals.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "gemm",
+            "k1 b256 v1",
+            "library",
+            "library rw",
+            "library rw-cl"
+        ],
+    );
 }

@@ -315,6 +315,17 @@ pub fn compile_error(log: &str) -> (CompileKind, Option<u32>) {
     (kind, line)
 }
 
+/// A diagnosis of only a status and a speedup against eager, for tests.
+#[cfg(test)]
+pub(crate) fn diag(status: Status, speedup: Option<f64>) -> Diagnosis {
+    let mut d = Diagnosis::failed_to_build("", true);
+    d.status = status;
+    d.compile_kind = None;
+    d.speedup_eager = speedup;
+    d.limit = Limit::Unknown;
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -200,17 +200,8 @@ impl Episode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::critique::Limit;
+    use crate::critique::diag;
     use crate::space::Slot;
-
-    fn diag(status: Status, speedup: Option<f64>) -> Diagnosis {
-        let mut d = Diagnosis::failed_to_build("", true);
-        d.status = status;
-        d.compile_kind = None;
-        d.speedup_eager = speedup;
-        d.limit = Limit::Unknown;
-        d
-    }
 
     #[test]
     fn reward_cases() {
@@ -258,11 +249,7 @@ mod tests {
 
     #[test]
     fn gains_add_up_to_the_log_of_the_best() {
-        let shape = Shape {
-            regions: 2,
-            products: false,
-            rewrites: false,
-        };
+        let shape = Shape::plain(2, false);
         let r = Reward {
             step: 0.0,
             correct: 0.0,
@@ -291,11 +278,7 @@ mod tests {
 
     #[test]
     fn a_wrong_program_is_rolled_back_and_not_tried_again() {
-        let shape = Shape {
-            regions: 1,
-            products: false,
-            rewrites: false,
-        };
+        let shape = Shape::plain(1, false);
         let mut e = Episode::new(shape, 2);
         let m = Move::CustomKernel(Slot::All);
         let next = e.target(m).unwrap();

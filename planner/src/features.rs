@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::critique::{self, Diagnosis};
 use crate::episode::Episode;
-use crate::space::{ACTIONS, BLOCKS, SLOTS, Shape, VECTORS};
+use crate::space::{ACTIONS, BLOCKS, GRAPHS, SLOTS, Shape, VECTORS};
 
 /// Op classes counted in the graph features (sources are not).
 const CLASSES: [OpClass; 14] = [
@@ -32,7 +32,7 @@ const CLASSES: [OpClass; 14] = [
 /// Length of [`Problem::features`].
 pub const GRAPH: usize = CLASSES.len() + 9;
 /// Length of the configuration's features.
-pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1 + 2;
+pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1 + 2 * (GRAPHS - 1);
 /// Length of the best-so-far features (besides its diagnosis).
 pub const BEST: usize = 3;
 /// Length of an observation.
@@ -91,13 +91,10 @@ impl Problem {
             name: name.to_string(),
             pattern: pattern(g),
             features: f,
-            // Whether a rewrite applies is the caller's to say: it needs
-            // the rewritten graph's regions.
-            shape: Shape {
-                regions,
-                products,
-                rewrites: false,
-            },
+            // Which rewritten graphs exist, and which products the coder
+            // writes, is the caller's to say: it needs the rewritten
+            // graphs' regions.
+            shape: Shape::plain(regions, products),
             memory_bound: roof.bound == Bound::Memory,
         }
     }
@@ -167,8 +164,12 @@ pub fn observe(problem: &Problem, episode: &Episode, prior: &[f32; ACTIONS]) -> 
     } else {
         c.kernels[SLOTS..].iter().filter(|&&k| k).count() as f32 / more as f32
     });
-    f.push(f32::from(episode.shape.rewrites));
-    f.push(f32::from(c.rewrite));
+    for k in 1..GRAPHS {
+        f.push(f32::from(episode.shape.regions_of(k).is_some()));
+    }
+    for k in 1..GRAPHS {
+        f.push(f32::from(c.graph as usize == k));
+    }
     // The last outcome and the best one.
     let none = vec![0.0; critique::FEATURES];
     f.extend(

@@ -7,7 +7,7 @@ use crate::episode::Episode;
 use crate::features::Problem;
 use crate::policy::{Cpu, Net};
 use crate::rng::Rng;
-use crate::space::{ACTIONS, BLOCKS, Move, Slot, VECTORS};
+use crate::space::{ACTIONS, BLOCKS, GRAPHS, Move, Slot, VECTORS};
 use mtmc_env::outcome::Status;
 
 /// Which planner picks the moves.
@@ -67,7 +67,9 @@ impl Planner {
 
 /// The greedy rules: kernels for everything first (or GEMM kernels when
 /// there is nothing else); when that is wrong, one region at a time; once
-/// correct, the rewritten graph, then vectorize a memory-bound program,
+/// correct, the rewritten graph (when a rewritten graph's program was not
+/// correct, the next rewritten graph, with fewer rewrites), then vectorize
+/// a memory-bound program,
 /// then retile up and down, then GEMM kernels, then split; the library program when nothing else is left
 /// untried and nothing is correct yet; stop when no rule applies.
 pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> Move {
@@ -84,7 +86,12 @@ pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> M
             Move::CallLibrary(Slot::All),
         ]);
     } else if correct || episode.best.is_some() {
-        order.push(Move::Rewrite);
+        let rewritten_failed =
+            !correct && matches!(episode.moves.last(), Some(Move::Graph(k)) if *k > 0);
+        if rewritten_failed {
+            order.extend((2..GRAPHS as u8).map(Move::Graph));
+        }
+        order.push(Move::Graph(1));
         let memory = episode
             .last
             .as_ref()
@@ -114,4 +121,48 @@ pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> M
         order.insert(0, Move::CallLibrary(Slot::All));
     }
     order.into_iter().find(legal).unwrap_or(Move::Stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::critique::{Diagnosis, diag};
+    use crate::episode::Reward;
+    use crate::space::Shape;
+
+    #[test]
+    fn greedy_tries_fewer_rewrites_after_a_rewritten_graph_fails() {
+        let shape = Shape {
+            regions: 1,
+            products: false,
+            rewritten: [Some(1), Some(1), None, Some(1)],
+        };
+        let problem = Problem {
+            name: "p".into(),
+            pattern: "conv+pointwise".into(),
+            features: vec![0.0; crate::features::GRAPH],
+            shape,
+            memory_bound: false,
+        };
+        let mut e = Episode::new(shape, 8);
+        let step = |e: &mut Episode, expect: Move, d: Diagnosis| {
+            let m = greedy(&problem, e, &e.mask());
+            assert_eq!(m, expect, "after {:?}", e.moves);
+            let next = e.target(m).unwrap();
+            e.record(m, next, d, &Reward::default());
+        };
+        step(
+            &mut e,
+            Move::CustomKernel(Slot::All),
+            diag(Status::Correct, Some(1.2)),
+        );
+        step(&mut e, Move::Graph(1), diag(Status::Incorrect, None));
+        // Every rewrite missed the tolerance: without channels-last next,
+        // then without either of the rewrites that may.
+        step(&mut e, Move::Graph(2), diag(Status::Incorrect, None));
+        step(&mut e, Move::Graph(4), diag(Status::Correct, Some(1.5)));
+        assert_eq!(e.config.key(), "k1 b256 v1 rw-cl-fold");
+        // Correct: on to the launch parameters.
+        assert_eq!(greedy(&problem, &e, &e.mask()), Move::Retile(512));
+    }
 }

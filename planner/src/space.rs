@@ -19,11 +19,27 @@ pub const SLOTS: usize = 8;
 pub const BLOCKS: [u32; 3] = [128, 256, 512];
 /// Vector widths a vectorize move can set.
 pub const VECTORS: [u32; 3] = [1, 2, 4];
-/// Index of the stop move (the rewrite moves follow it, so that the
+/// The rewritten graphs a program can be built from besides the traced one
+/// (graph 0): graph `k + 1` applies every rewrite of
+/// `mtmc_actions::rewrite` that matches but those named in `REWRITTEN[k].1`,
+/// and its programs' keys end with `REWRITTEN[k].0`. Channels-last
+/// convolutions may run on other TF32 kernels than the reference's, and
+/// weights folded before a TF32 convolution round otherwise than its result
+/// scaled after it, so each can miss the tolerance where the other rewrites
+/// still pay.
+pub const REWRITTEN: [(&str, &[&str]); 4] = [
+    (" rw", &[]),
+    (" rw-cl", &["channels_last"]),
+    (" rw-fold", &["fold_into_weights"]),
+    (" rw-cl-fold", &["channels_last", "fold_into_weights"]),
+];
+/// Graphs a program can be built from: the traced one and [`REWRITTEN`].
+pub const GRAPHS: usize = 1 + REWRITTEN.len();
+/// Index of the stop move (the graph moves follow it, so that the
 /// indices of the moves before them stay those the store recorded).
 const STOP: usize = 2 * (1 + SLOTS) + 4 + BLOCKS.len() + VECTORS.len();
 /// Size of the flat action space.
-pub const ACTIONS: usize = STOP + 3;
+pub const ACTIONS: usize = STOP + 1 + GRAPHS;
 
 /// The regions a move covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -57,12 +73,12 @@ pub enum Move {
     Vectorize(u32),
     /// End the episode; the best program so far is the answer.
     Stop,
-    /// Build from the rewritten graph (`mtmc_actions::rewrite`: folded
-    /// biases, channels-last convolutions, reductions moved before GEMMs,
-    /// ops that change nothing dropped); judged like any other step.
-    Rewrite,
-    /// Build from the graph as traced.
-    Original,
+    /// Build from graph `k`: 0 the graph as traced, else rewritten graph
+    /// `k - 1` of [`REWRITTEN`] (`mtmc_actions::rewrite`: folded biases
+    /// and weights, channels-last convolutions, reductions moved before
+    /// GEMMs, ops that change nothing dropped); judged like any other
+    /// step.
+    Graph(u8),
 }
 
 impl Move {
@@ -90,8 +106,11 @@ impl Move {
                 base + 4 + BLOCKS.len() + VECTORS.iter().position(|&x| x == v).unwrap_or(0)
             }
             Move::Stop => STOP,
-            Move::Rewrite => STOP + 1,
-            Move::Original => STOP + 2,
+            // Graph 1 (every rewrite) and graph 0 came first and keep
+            // their recorded indices.
+            Move::Graph(1) => STOP + 1,
+            Move::Graph(0) => STOP + 2,
+            Move::Graph(k) => STOP + 1 + k as usize,
         }
     }
 
@@ -114,8 +133,9 @@ impl Move {
             i if i == base + 3 => Move::GemmLibrary,
             i if i < base + 4 + BLOCKS.len() => Move::Retile(BLOCKS[i - base - 4]),
             i if i < STOP => Move::Vectorize(VECTORS[i - base - 4 - BLOCKS.len()]),
-            i if i == STOP + 1 => Move::Rewrite,
-            i if i == STOP + 2 => Move::Original,
+            i if i == STOP + 1 => Move::Graph(1),
+            i if i == STOP + 2 => Move::Graph(0),
+            i if i > STOP + 2 && i < ACTIONS => Move::Graph((i - STOP - 1) as u8),
             _ => Move::Stop,
         }
     }
@@ -129,7 +149,7 @@ impl Move {
             Move::Split => "split",
             Move::Retile(_) => "retile",
             Move::Vectorize(_) => "vectorize",
-            Move::Rewrite | Move::Original => "rewrite",
+            Move::Graph(_) => "rewrite",
             Move::Stop => "stop",
         }
     }
@@ -144,8 +164,7 @@ impl Move {
                 | Move::CustomKernel(_)
                 | Move::GemmKernel
                 | Move::GemmLibrary
-                | Move::Rewrite
-                | Move::Original
+                | Move::Graph(_)
         )
     }
 
@@ -161,8 +180,9 @@ impl Move {
             Move::GemmLibrary => "call_library(gemm)".into(),
             Move::Retile(b) => format!("retile({b})"),
             Move::Vectorize(v) => format!("vectorize({v})"),
-            Move::Rewrite => "rewrite(on)".into(),
-            Move::Original => "rewrite(off)".into(),
+            Move::Graph(0) => "rewrite(off)".into(),
+            Move::Graph(1) => "rewrite(on)".into(),
+            Move::Graph(k) => format!("rewrite(but {})", REWRITTEN[k as usize - 1].1.join(", ")),
             other => other.kind().into(),
         }
     }
@@ -170,21 +190,74 @@ impl Move {
 
 /// What of a problem the action space depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ShapeRecord")]
 pub struct Shape {
-    /// Regions the coder can write kernels for.
+    /// Regions of the traced graph the coder can write kernels for.
     pub regions: usize,
-    /// Whether the graph has matrix products (for the GEMM moves).
+    /// Whether the graph has products the coder writes as kernels: matrix
+    /// products and the convolutions its convolution family computes (for
+    /// the GEMM moves).
     pub products: bool,
-    /// Whether a rewrite applies and leaves as many regions (for the
-    /// rewrite moves; problems recorded before them have none).
+    /// Regions of each rewritten graph of [`REWRITTEN`], where it exists:
+    /// some rewrite applies and it differs from the graphs before it (for
+    /// the graph moves).
+    pub rewritten: [Option<u16>; REWRITTEN.len()],
+}
+
+impl Shape {
+    /// A problem with `regions` regions and no rewritten graph.
+    pub fn plain(regions: usize, products: bool) -> Shape {
+        Shape {
+            regions,
+            products,
+            rewritten: [None; REWRITTEN.len()],
+        }
+    }
+
+    /// Regions of graph `k` (0: as traced), or `None` where it does not
+    /// exist.
+    pub fn regions_of(&self, k: usize) -> Option<usize> {
+        match k {
+            0 => Some(self.regions),
+            k => self
+                .rewritten
+                .get(k - 1)
+                .copied()
+                .flatten()
+                .map(usize::from),
+        }
+    }
+}
+
+/// A shape as the store holds it: problems recorded before the graph
+/// variants have one flag, `rewrites`, for a rewritten graph with as many
+/// regions as the traced one (graph 1).
+#[derive(Deserialize)]
+struct ShapeRecord {
+    regions: usize,
+    products: bool,
     #[serde(default)]
-    pub rewrites: bool,
+    rewrites: bool,
+    #[serde(default)]
+    rewritten: Option<[Option<u16>; REWRITTEN.len()]>,
+}
+
+impl From<ShapeRecord> for Shape {
+    fn from(r: ShapeRecord) -> Shape {
+        let mut shape = Shape::plain(r.regions, r.products);
+        match r.rewritten {
+            Some(rewritten) => shape.rewritten = rewritten,
+            None if r.rewrites => shape.rewritten[0] = u16::try_from(r.regions).ok(),
+            None => {}
+        }
+        shape
+    }
 }
 
 /// How a problem's program is built.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Config {
-    /// Per region: a custom kernel (else library calls).
+    /// Per region of its graph: a custom kernel (else library calls).
     pub kernels: Vec<bool>,
     /// Pointwise chains fused in front of row kernels.
     pub fuse: bool,
@@ -194,9 +267,9 @@ pub struct Config {
     pub block: u32,
     /// Vector width.
     pub vector: u32,
-    /// Built from the rewritten graph.
-    #[serde(default)]
-    pub rewrite: bool,
+    /// The graph it is built from: 0 as traced, `k` the rewritten graph
+    /// `REWRITTEN[k - 1]`.
+    pub graph: u8,
 }
 
 impl Config {
@@ -208,7 +281,7 @@ impl Config {
             gemm: false,
             block: 256,
             vector: 1,
-            rewrite: false,
+            graph: 0,
         }
     }
 
@@ -220,11 +293,14 @@ impl Config {
     /// The name of the program this configuration builds. Settings that
     /// change nothing (launch parameters without region kernels, fusion
     /// with fewer than two region kernels) are left out, so equal
-    /// programs have equal keys; ` rw` ends the key of a program built
-    /// from the rewritten graph.
+    /// programs have equal keys; the suffix of [`REWRITTEN`] ends the key
+    /// of a program built from a rewritten graph (` rw`: every rewrite).
     pub fn key(&self) -> String {
         let base = self.key_of_graph();
-        if self.rewrite { base + " rw" } else { base }
+        match (self.graph as usize).checked_sub(1) {
+            Some(k) => base + REWRITTEN[k].0,
+            None => base,
+        }
     }
 
     fn key_of_graph(&self) -> String {
@@ -255,8 +331,8 @@ impl Config {
     }
 
     /// The configuration after `m`, or `None` where `m` is not possible
-    /// here (a region that does not exist, a GEMM move without products,
-    /// stop).
+    /// here (a region that does not exist, a GEMM move without products, a
+    /// graph that does not exist, stop).
     pub fn apply(&self, m: Move, shape: Shape) -> Option<Config> {
         let mut c = self.clone();
         let set = |c: &mut Config, s: Slot, on: bool| match s {
@@ -297,10 +373,19 @@ impl Config {
                 c.vector = v;
                 true
             }
-            Move::Rewrite | Move::Original => {
-                c.rewrite = m == Move::Rewrite;
-                shape.rewrites
-            }
+            // Another graph may be cut into other regions: its regions
+            // are kernels where the program had any region kernel.
+            Move::Graph(k) => match shape.regions_of(k as usize) {
+                Some(n) => {
+                    if n != c.kernels.len() {
+                        let any = c.kernels.iter().any(|&k| k);
+                        c.kernels = vec![any; n];
+                    }
+                    c.graph = k;
+                    true
+                }
+                None => false,
+            },
             Move::Stop => false,
         };
         ok.then_some(c)
@@ -345,45 +430,73 @@ mod tests {
         for i in 0..ACTIONS {
             assert_eq!(Move::from_index(i).index(), i, "{:?}", Move::from_index(i));
         }
-        // The indices the store recorded before the rewrite moves stay.
+        // The indices the store recorded before the graph moves stay, and
+        // so do those of the first two graph moves.
         assert_eq!(Move::Stop.index(), 28);
         assert_eq!(Move::Vectorize(4).index(), 27);
+        assert_eq!(Move::Graph(1).index(), 29);
+        assert_eq!(Move::Graph(0).index(), 30);
+        assert_eq!(Move::Graph(4).index(), ACTIONS - 1);
     }
 
     #[test]
-    fn rewrite_moves_name_another_graph_where_one_exists() {
+    fn graph_moves_name_another_graph_where_one_exists() {
         let shape = Shape {
             regions: 1,
             products: false,
-            rewrites: true,
+            rewritten: [Some(1), None, Some(2), None],
         };
         let lib = Config::library(shape);
-        let rw = lib.apply(Move::Rewrite, shape).unwrap();
+        let rw = lib.apply(Move::Graph(1), shape).unwrap();
         assert_eq!(rw.key(), "library rw");
         let k = rw.apply(Move::CustomKernel(Slot::All), shape).unwrap();
         assert_eq!(k.key(), "k1 b256 v1 rw");
-        assert_eq!(k.apply(Move::Original, shape).unwrap().key(), "k1 b256 v1");
-        let mask = legal(&lib, shape, 0, &BTreeSet::new());
-        assert!(
-            mask[Move::Rewrite.index()],
-            "operator-level: legal at step 0"
+        assert_eq!(k.apply(Move::Graph(0), shape).unwrap().key(), "k1 b256 v1");
+        // A graph cut into other regions: kernels for all of them, since
+        // the program had a region kernel.
+        let nofold = k.apply(Move::Graph(3), shape).unwrap();
+        assert_eq!(nofold.key(), "k11 b256 v1 rw-fold");
+        assert_eq!(
+            nofold.apply(Move::Graph(0), shape).unwrap().key(),
+            "k1 b256 v1"
         );
-        assert!(!mask[Move::Original.index()], "changes nothing");
-        let none = Shape {
-            rewrites: false,
-            ..shape
+        assert_eq!(
+            lib.apply(Move::Graph(3), shape).unwrap().key(),
+            "library rw-fold"
+        );
+        assert!(k.apply(Move::Graph(2), shape).is_none(), "no such graph");
+        let mask = legal(&lib, shape, 0, &BTreeSet::new());
+        for (k, expect) in [(0, false), (1, true), (2, false), (3, true), (4, false)] {
+            assert_eq!(mask[Move::Graph(k).index()], expect, "graph {k} at step 0");
+        }
+        let none = Shape::plain(1, false);
+        assert!(lib.apply(Move::Graph(1), none).is_none());
+        assert!(!legal(&lib, none, 0, &BTreeSet::new())[Move::Graph(1).index()]);
+        assert_eq!(
+            Move::Graph(4).label(),
+            "rewrite(but channels_last, fold_into_weights)"
+        );
+    }
+
+    #[test]
+    fn shapes_recorded_before_the_graph_variants_still_load() {
+        let old: Shape =
+            serde_json::from_str(r#"{"regions":3,"products":true,"rewrites":true}"#).unwrap();
+        assert_eq!(old.rewritten, [Some(3), None, None, None]);
+        let none: Shape = serde_json::from_str(r#"{"regions":3,"products":false}"#).unwrap();
+        assert_eq!(none, Shape::plain(3, false));
+        let shape = Shape {
+            regions: 2,
+            products: false,
+            rewritten: [None, Some(1), None, Some(4)],
         };
-        assert!(lib.apply(Move::Rewrite, none).is_none());
-        assert!(!legal(&lib, none, 0, &BTreeSet::new())[Move::Rewrite.index()]);
+        let back: Shape = serde_json::from_str(&serde_json::to_string(&shape).unwrap()).unwrap();
+        assert_eq!(back, shape);
     }
 
     #[test]
     fn keys_name_programs_not_settings() {
-        let shape = Shape {
-            regions: 2,
-            products: true,
-            rewrites: false,
-        };
+        let shape = Shape::plain(2, true);
         let lib = Config::library(shape);
         assert_eq!(lib.key(), "library");
         // Launch parameters without kernels build the same program.
@@ -419,11 +532,7 @@ mod tests {
 
     #[test]
     fn step_zero_is_operator_level_and_stop_is_always_legal() {
-        let shape = Shape {
-            regions: 3,
-            products: false,
-            rewrites: false,
-        };
+        let shape = Shape::plain(3, false);
         let c = Config::library(shape);
         let mask = legal(&c, shape, 0, &BTreeSet::new());
         for m in Move::all() {

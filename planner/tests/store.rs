@@ -15,11 +15,7 @@ fn problem(name: &str, pattern: &str) -> Problem {
         name: name.into(),
         pattern: pattern.into(),
         features: vec![0.5; GRAPH],
-        shape: Shape {
-            regions: 2,
-            products: true,
-            rewrites: false,
-        },
+        shape: Shape::plain(2, true),
         memory_bound: false,
     }
 }

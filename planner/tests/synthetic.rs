@@ -34,11 +34,7 @@ fn diag(speedup: Option<f64>) -> Diagnosis {
 /// Every program reachable in `depth` moves, with the speedup `f` gives it
 /// (`None`: wrong).
 fn tree(name: &str, flag: f32, depth: usize, f: impl Fn(&Config) -> Option<f64>) -> TreeProblem {
-    let shape = Shape {
-        regions: 2,
-        products: false,
-        rewrites: false,
-    };
+    let shape = Shape::plain(2, false);
     let mut evals = BTreeMap::new();
     let mut seen = BTreeSet::new();
     let mut queue = VecDeque::from([(Config::library(shape), 0)]);
