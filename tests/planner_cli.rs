@@ -5,7 +5,27 @@
 
 mod common;
 
-use common::{mtmc, read_json, shared_jsonl};
+use common::{Run, mtmc, read_json, shared_jsonl};
+
+/// `mtmc train` of two small iterations (a tiny policy): enough to write a
+/// checkpoint and say what it trained on.
+fn train_briefly(store: &str, out: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "train",
+        "--trajectories",
+        store,
+        "--out",
+        out,
+        "--iterations",
+        "2",
+        "--episodes",
+        "4",
+        "--hidden",
+        "16",
+    ];
+    args.extend_from_slice(extra);
+    mtmc(&args)
+}
 
 #[test]
 fn explore_train_compare_and_a_planned_optimize() {
@@ -220,22 +240,11 @@ fn explore_train_compare_and_a_planned_optimize() {
     // Settings are chosen on the validation problems, which
     // `train --validation` leaves out: L1/24 trains, L2/76 is held out.
     let ck_v = dir.path().join("ck-validation");
-    let run = mtmc(&[
-        "train",
-        "--trajectories",
+    let run = train_briefly(
         &store_s,
-        "--out",
         &ck_v.to_string_lossy(),
-        "--iterations",
-        "2",
-        "--episodes",
-        "4",
-        "--hidden",
-        "16",
-        "--validation",
-        "--step-cost",
-        "0.005",
-    ])
+        &["--validation", "--step-cost", "0.005"],
+    )
     .success();
     let meta = read_json(&ck_v.join("train.json"));
     assert_eq!(meta["ppo"]["step_cost"], 0.005, "{meta}");
@@ -355,4 +364,93 @@ fn a_planned_search_can_build_from_the_rewritten_graph() {
             "library rw-cl"
         ],
     );
+}
+
+/// The recorded H100 tree that comes with mtmc: `train` and `compare` read
+/// the gzipped store as it is, on the CPU, and leave it unchanged; writing
+/// into it, or reading a store that is not there, is refused with the way
+/// out.
+#[test]
+fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100);
+    let tree_s = tree.to_string_lossy().into_owned();
+    let before = std::fs::read(&tree).unwrap();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_string_lossy().into_owned();
+
+    let run = train_briefly(&tree_s, &ck_s, &[]).success();
+    // Every test problem was recorded (33 of levels 1 and 2 under the
+    // split rule), and enough training problems to learn from.
+    assert!(run.stdout.contains(", 33 held out;"), "{}", run.stdout);
+    let trained: usize = run
+        .stdout
+        .split("train: ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no problem count in {}", run.stdout));
+    assert!(trained >= 90, "{}", run.stdout);
+    assert!(ck.join("policy.mpk").is_file());
+
+    let json = dir.path().join("compare.json");
+    let run = mtmc(&[
+        "compare",
+        "--trajectories",
+        &tree_s,
+        "--checkpoint",
+        &ck_s,
+        "--json",
+        &json.to_string_lossy(),
+    ])
+    .success();
+    let table = read_json(&json);
+    let rows = table["planners"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{table}"));
+    let geomean = |name: &str| {
+        rows.iter()
+            .find(|r| r["planner"] == name)
+            .and_then(|r| r["geomean_speedup"].as_f64())
+            .unwrap_or_else(|| panic!("no {name} row in {table}"))
+    };
+    // Exhaustive search of the recorded tree bounds every planner, and on
+    // these outcomes it is well above the library's 1.0x.
+    let best = geomean("exhaustive");
+    assert!(best > 1.3, "{}", run.stdout);
+    for p in ["trained", "random", "greedy"] {
+        assert!(geomean(p) <= best + 1e-9, "{p}: {}", run.stdout);
+    }
+    assert_eq!(
+        std::fs::read(&tree).unwrap(),
+        before,
+        "the shipped tree changed"
+    );
+
+    let err = mtmc(&[
+        "--kernelbench",
+        &shared_jsonl(),
+        "explore",
+        "L1/24",
+        "--split",
+        "all",
+        "--trajectories",
+        &tree_s,
+    ])
+    .failure();
+    assert!(
+        err.error.contains("is compressed") && err.error.contains("gunzip -k"),
+        "{}",
+        err.error
+    );
+    let missing = dir.path().join("none.sqlite");
+    let err = mtmc(&["train", "--trajectories", &missing.to_string_lossy()]).failure();
+    assert!(
+        err.error.contains("does not exist")
+            && err.error.contains(mtmc_planner::store::RECORDED_H100),
+        "{}",
+        err.error
+    );
+    assert!(!missing.exists());
 }

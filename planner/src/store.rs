@@ -41,6 +41,41 @@ pub enum StoreError {
         /// What serde said.
         source: serde_json::Error,
     },
+    /// No file where a store was to be read.
+    #[error(
+        "trajectory store `{path}` does not exist: record one with `mtmc explore`, or read the tree recorded on an H100 that comes with mtmc (--trajectories {RECORDED_H100})"
+    )]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A compressed store was opened to be written.
+    #[error(
+        "trajectory store `{path}` is compressed: `mtmc train` and `mtmc compare` read it as it is; to record into it, unpack it first (gunzip -k)"
+    )]
+    Compressed {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A compressed store could not be unpacked.
+    #[error("trajectory store `{path}`: cannot unpack it: {source}")]
+    Unpack {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// The recorded tree that comes with mtmc, relative to the repository's
+/// root: every outcome `mtmc explore` recorded on an H100 for the
+/// KernelBench problems (the test problems exhaustively), gzipped. Training
+/// and comparing on it needs no GPU.
+pub const RECORDED_H100: &str = "planner/data/kernelbench-h100.sqlite.gz";
+
+/// Whether `path` names a gzipped store.
+fn compressed(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gz")
 }
 
 /// One step as it is written.
@@ -85,6 +120,9 @@ pub fn now() -> f64 {
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+    /// The folder a compressed store was unpacked into, removed when the
+    /// store is dropped (after `conn`, which is dropped first).
+    _unpacked: Option<tempfile::TempDir>,
 }
 
 /// A recorded step read back for training.
@@ -116,8 +154,53 @@ fn correct_speedup(d: &Diagnosis) -> Option<f64> {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store at `path`.
+    /// Opens (creating if needed) the store at `path` to read and write
+    /// it. A gzipped store is refused: it could only be written to a copy.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if compressed(path) {
+            return Err(StoreError::Compressed {
+                path: path.to_path_buf(),
+            });
+        }
+        Store::open_file(path)
+    }
+
+    /// Opens the existing store at `path` to read it; a gzipped one (such
+    /// as [`RECORDED_H100`]) is unpacked into a temporary folder first, and
+    /// nothing is written back to it.
+    pub fn open_to_read(path: &Path) -> Result<Store, StoreError> {
+        if !path.is_file() {
+            return Err(StoreError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
+        if !compressed(path) {
+            return Store::open_file(path);
+        }
+        let unpack_err = |source| StoreError::Unpack {
+            path: path.to_path_buf(),
+            source,
+        };
+        let dir = tempfile::tempdir().map_err(unpack_err)?;
+        let unpacked = dir.path().join("store.sqlite");
+        let file = std::fs::File::open(path).map_err(unpack_err)?;
+        let mut gz = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
+        let mut out = std::fs::File::create(&unpacked).map_err(unpack_err)?;
+        std::io::copy(&mut gz, &mut out).map_err(unpack_err)?;
+        drop(out);
+        let mut store = Store::open_file(&unpacked).map_err(|e| match e {
+            StoreError::Sqlite { source, .. } => StoreError::Sqlite {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => other,
+        })?;
+        store.path = path.to_path_buf();
+        store._unpacked = Some(dir);
+        Ok(store)
+    }
+
+    fn open_file(path: &Path) -> Result<Store, StoreError> {
         let path = path.to_path_buf();
         let err = |source| StoreError::Sqlite {
             path: path.clone(),
@@ -187,7 +270,11 @@ impl Store {
             );",
         )
         .map_err(err)?;
-        Ok(Store { conn, path })
+        Ok(Store {
+            conn,
+            path,
+            _unpacked: None,
+        })
     }
 
     fn sql(&self, source: rusqlite::Error) -> StoreError {

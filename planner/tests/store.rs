@@ -150,3 +150,68 @@ fn the_knowledge_base_offers_what_worked_on_similar_problems() {
     let own = store.prior(&similar.pattern, &similar.name).unwrap();
     assert_eq!(own[kernel.index()], 0.0);
 }
+
+/// A gzipped store is read as it is (unpacked into a temporary folder) and
+/// refused for writing; a damaged one is named in the error.
+#[test]
+fn a_gzipped_store_is_read_in_place_and_never_written() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("s.sqlite");
+    {
+        let mut store = Store::open(&plain).unwrap();
+        let p = problem("L1/1", "pointwise");
+        store.put_problem(&p).unwrap();
+        let e = store.begin_episode("L1/1", "random", "test", 0).unwrap();
+        for k in 0..3 {
+            store
+                .add_step(&p, "test", &step(e, k, Move::Vectorize(4), 0.5))
+                .unwrap();
+        }
+        store.end_episode(e, 1.2).unwrap();
+    }
+    let gz = dir.path().join("s.sqlite.gz");
+    {
+        let bytes = std::fs::read(&plain).unwrap();
+        let mut enc = flate2::write::GzEncoder::new(
+            std::fs::File::create(&gz).unwrap(),
+            flate2::Compression::default(),
+        );
+        enc.write_all(&bytes).unwrap();
+        enc.finish().unwrap();
+    }
+    let packed = std::fs::read(&gz).unwrap();
+
+    let store = Store::open_to_read(&gz).unwrap();
+    assert_eq!(store.steps().unwrap().len(), 3);
+    assert_eq!(
+        store
+            .evaluation("L1/1", "k2")
+            .unwrap()
+            .unwrap()
+            .speedup_eager,
+        Some(1.2)
+    );
+    drop(store);
+    assert_eq!(std::fs::read(&gz).unwrap(), packed, "the file was written");
+
+    let err = Store::open(&gz).err().expect("refused").to_string();
+    assert!(err.contains("is compressed"), "{err}");
+
+    let cut = dir.path().join("cut.sqlite.gz");
+    std::fs::write(&cut, &packed[..packed.len() / 2]).unwrap();
+    let err = Store::open_to_read(&cut)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("cut.sqlite.gz") && err.contains("cannot unpack"),
+        "{err}"
+    );
+
+    let err = Store::open_to_read(&dir.path().join("none.sqlite"))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("does not exist"), "{err}");
+}

@@ -966,7 +966,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
             "--step-cost {cost}: give a cost of 0 or more (0, the default, charges nothing per evaluation)"
         );
     }
-    let store = Store::open(req.store)?;
+    let store = Store::open_to_read(req.store)?;
     let all = tree::load(&store, None)?;
     let trains = |name: &str| !(held_out(name) || req.validation && validation(name));
     let (train, test): (Vec<TreeProblem>, Vec<TreeProblem>) =
@@ -1145,7 +1145,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         recorded_by,
         json,
     } = req;
-    let store = Store::open(store_path)?;
+    let store = Store::open_to_read(store_path)?;
     let problems: Vec<TreeProblem> = tree::load_by(&store, None, recorded_by)?
         .into_iter()
         .filter(|p| split.keeps(&p.problem.name))
