@@ -68,9 +68,9 @@ pub enum StoreError {
 }
 
 /// The recorded tree that comes with mtmc, relative to the repository's
-/// root: every outcome `mtmc explore` recorded on an H100 for the
-/// KernelBench problems (the test problems exhaustively), gzipped. Training
-/// and comparing on it needs no GPU.
+/// root: the outcomes `mtmc explore` recorded on an H100 for KernelBench
+/// problems of levels 1 and 2 (the README's Planner section says which),
+/// gzipped. Training and comparing on it needs no GPU.
 pub const RECORDED_H100: &str = "planner/data/kernelbench-h100.sqlite.gz";
 
 /// Whether `path` names a gzipped store.
