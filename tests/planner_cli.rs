@@ -440,7 +440,9 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     ])
     .failure();
     assert!(
-        err.error.contains("is compressed") && err.error.contains("gunzip -k"),
+        err.error.contains("is compressed")
+            && err.error.contains("gunzip -c ")
+            && err.error.contains("> mtmc-trajectories.sqlite"),
         "{}",
         err.error
     );

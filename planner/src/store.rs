@@ -51,7 +51,7 @@ pub enum StoreError {
     },
     /// A compressed store was opened to be written.
     #[error(
-        "trajectory store `{path}` is compressed: `mtmc train` and `mtmc compare` read it as it is; to record into it, unpack it first (gunzip -k)"
+        "trajectory store `{path}` is compressed: `mtmc train` and `mtmc compare` read it as it is; to record into it, unpack a copy first (gunzip -c {path} > mtmc-trajectories.sqlite, the default store)"
     )]
     Compressed {
         /// The file.
