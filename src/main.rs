@@ -291,6 +291,27 @@ enum Command {
         /// episodes favours that planner.
         #[arg(long, value_name = "PLANNER")]
         recorded_by: Option<String>,
+        /// Run each planner's search on this machine's GPU instead of
+        /// replaying recorded outcomes: every program built and judged now
+        /// (exhaustive stays the recorded tree's best). Resumable; results,
+        /// logs and steps go to --out.
+        #[arg(long)]
+        live: bool,
+        /// The live comparison's folder.
+        #[arg(
+            long,
+            value_name = "DIR",
+            default_value = "mtmc-compare-live",
+            requires = "live"
+        )]
+        out: PathBuf,
+        /// Live: seconds before a candidate's evaluation is stopped.
+        #[arg(long, default_value_t = 60, requires = "live")]
+        timeout: u64,
+        /// Live: seed (the random planner's episode on the k-th problem
+        /// uses seed + k).
+        #[arg(long, default_value_t = 0, requires = "live")]
+        seed: u64,
     },
     /// Send one tiny request to the configured LLM endpoint and say what
     /// works: reachable, model listed, reply in the expected JSON, latency.
@@ -638,17 +659,44 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             split,
             json,
             recorded_by,
-        } => cmd::plan::compare(
-            out,
-            cmd::plan::CompareRequest {
-                store: &trajectories,
-                checkpoint: checkpoint.as_deref(),
-                budget,
-                split,
-                recorded_by: recorded_by.as_deref(),
-                json: json.as_deref(),
-            },
-        ),
+            live,
+            out: out_dir,
+            timeout,
+            seed,
+        } => {
+            if !live {
+                return cmd::plan::compare(
+                    out,
+                    cmd::plan::CompareRequest {
+                        store: &trajectories,
+                        checkpoint: checkpoint.as_deref(),
+                        budget,
+                        split,
+                        recorded_by: recorded_by.as_deref(),
+                        json: json.as_deref(),
+                    },
+                );
+            }
+            if recorded_by.is_some() {
+                anyhow::bail!(
+                    "--recorded-by chooses which recorded outcomes a replay reads; a live comparison judges every program now: drop one of --live and --recorded-by"
+                );
+            }
+            cmd::live::compare_live(
+                out,
+                cmd::live::LiveRequest {
+                    kernelbench: kb,
+                    store: &trajectories,
+                    checkpoint: checkpoint.as_deref(),
+                    budget,
+                    split,
+                    out_dir: &out_dir,
+                    json: json.as_deref(),
+                    timeout: std::time::Duration::from_secs(timeout),
+                    seed,
+                },
+            )
+        }
         Command::LlmCheck { llm } => cmd::llm::check(out, &llm),
         Command::LlmReplay {
             reply,

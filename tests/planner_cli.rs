@@ -237,6 +237,88 @@ fn explore_train_compare_and_a_planned_optimize() {
         }
     }
 
+    // `compare --live` runs each planner's search now (here compile only:
+    // nothing is timed), writes its folder as it goes, and resumes.
+    let live = dir.path().join("live");
+    let live_s = live.to_string_lossy().into_owned();
+    let live_run = |budget: &str| {
+        mtmc(&[
+            "--kernelbench",
+            &kb,
+            "compare",
+            "--live",
+            "--trajectories",
+            &store_s,
+            "--checkpoint",
+            &ck_s,
+            "--split",
+            "all",
+            "--budget",
+            budget,
+            "--out",
+            &live_s,
+        ])
+    };
+    let run = live_run("2").success();
+    assert!(
+        run.stdout.contains("6 episode(s) to run (0 already in")
+            && run.stdout.contains("no GPU: compile only"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("judged live (compile only)"),
+        "{}",
+        run.stdout
+    );
+    for planner in ["trained", "random", "greedy", "exhaustive"] {
+        assert!(
+            run.stdout.lines().any(|l| l.starts_with(planner)),
+            "{}",
+            run.stdout
+        );
+    }
+    let episodes = live.join("episodes.jsonl");
+    let lines = |path: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let first = lines(&episodes);
+    assert_eq!(first.len(), 6);
+    for e in &first {
+        let n = e["evaluations"].as_u64().unwrap();
+        assert!((1..=2).contains(&n), "{e}");
+        assert_eq!(e["bests"].as_array().unwrap().len() as u64, n, "{e}");
+    }
+    assert_eq!(std::fs::read_dir(live.join("logs")).unwrap().count(), 6);
+    let steps = mtmc_planner::store::Store::open(&live.join("trajectories.sqlite")).unwrap();
+    let by = steps.planners_of("L2/76_Gemm_Add_ReLU").unwrap();
+    assert_eq!(by.len(), 3, "{by:?}");
+    let doc = read_json(&live.join("compare.json"));
+    assert_eq!(doc["live"], true, "{doc}");
+    assert_eq!(doc["planners"].as_array().unwrap().len(), 4, "{doc}");
+    // A kill cuts the last line short: that episode alone runs again, and
+    // the file is whole afterwards.
+    let text = std::fs::read_to_string(&episodes).unwrap();
+    std::fs::write(&episodes, &text[..text.len() - 10]).unwrap();
+    let run = live_run("2").success();
+    assert!(
+        run.stdout.contains("1 episode(s) to run (5 already in"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(lines(&episodes).len(), 6);
+    // Other settings into the same folder are refused.
+    let err = live_run("3").failure();
+    assert!(
+        err.error.contains("other settings") && err.error.contains("another --out"),
+        "{}",
+        err.error
+    );
+
     // Settings are chosen on the validation problems, which
     // `train --validation` leaves out: L1/24 trains, L2/76 is held out.
     let ck_v = dir.path().join("ck-validation");
@@ -277,6 +359,16 @@ fn explore_train_compare_and_a_planned_optimize() {
     .success();
     assert!(
         run.stdout.contains("planner trained, budget 3"),
+        "{}",
+        run.stdout
+    );
+    // Its priors come from the store it was trained on, which train.json
+    // names.
+    assert!(
+        run.stdout.contains("knowledge base: ")
+            && run
+                .stdout
+                .contains("(the store the planner was trained on)"),
         "{}",
         run.stdout
     );

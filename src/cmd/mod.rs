@@ -5,6 +5,7 @@ pub mod bench_env;
 pub mod compile;
 pub mod doctor;
 pub mod eval;
+pub mod live;
 pub mod llm;
 pub mod optimize;
 pub mod plan;

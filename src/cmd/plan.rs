@@ -185,6 +185,8 @@ pub struct EpisodeResult {
     pub best: f64,
     /// Evaluations made.
     pub evaluations: usize,
+    /// The best speedup after each evaluation.
+    pub bests: Vec<f64>,
     /// Whether a program was written.
     pub wrote: bool,
 }
@@ -240,6 +242,8 @@ fn fragments(program: &Program) -> (String, String) {
 
 /// One planned episode on KernelBench problem `p` (graph `g`): each step
 /// printed, recorded in `store`, the best program written to `out_dir`.
+/// The knowledge-base prior of the observations is read from `knowledge`,
+/// or from `store` when there is none (and is zero without either).
 #[allow(clippy::too_many_arguments)]
 pub fn plan_problem(
     out: &mut dyn std::io::Write,
@@ -249,18 +253,19 @@ pub fn plan_problem(
     planner: &mut Loaded,
     settings: &PlanSettings,
     mut store: Option<&mut Store>,
+    knowledge: Option<&Store>,
     out_dir: Option<&Path>,
     seed: u64,
 ) -> Result<EpisodeResult> {
     let mut j = Judging::new(p, g, judge)?;
     let problem = j.problem.clone();
-    let prior = match store.as_deref() {
-        Some(s) => {
-            s.put_problem(&problem)?;
-            s.prior(&problem.pattern, &problem.name)?
-        }
+    let prior = match knowledge.or(store.as_deref()) {
+        Some(s) => s.prior(&problem.pattern, &problem.name)?,
         None => [0.0; ACTIONS],
     };
+    if let Some(s) = store.as_deref() {
+        s.put_problem(&problem)?;
+    }
     let episode_id = match store.as_deref() {
         Some(s) => Some(s.begin_episode(
             &problem.name,
@@ -272,6 +277,7 @@ pub fn plan_problem(
     };
     let reward = Reward::default();
     let mut e = Episode::new(problem.shape, settings.budget);
+    let mut bests = Vec::new();
     writeln!(
         out,
         "{}: {} region(s) for kernels, pattern {}{}; planner {}, budget {} evaluations{}",
@@ -335,6 +341,7 @@ pub fn plan_problem(
         for ((ev, (m, next, obs)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
             let text = ev.diagnosis.text();
             let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
+            bests.push(e.best_speedup());
             writeln!(
                 out,
                 "  step {}: {label}: {text} (reward {r:+.3}, best {:.3}x)",
@@ -387,6 +394,7 @@ pub fn plan_problem(
     Ok(EpisodeResult {
         best: e.best_speedup(),
         evaluations: e.step,
+        bests,
         wrote,
     })
 }
@@ -670,6 +678,7 @@ pub fn enumerate_problem(
         start,
     )]);
     let mut queued: std::collections::BTreeSet<String> = ["library".to_string()].into();
+    let mut bests = Vec::new();
     while e.step < budget && !queue.is_empty() {
         // Up to one program per worker, in breadth-first order.
         let take = j.judge.in_flight().min(budget - e.step).min(queue.len());
@@ -684,6 +693,7 @@ pub fn enumerate_problem(
             e.config = parent.clone();
             let obs = observe(&problem, &e, &prior);
             let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
+            bests.push(e.best_speedup());
             writeln!(out, "  {label}: {} (reward {r:+.3})", ev.diagnosis.text())?;
             let record = ev.step(id, &e, parent.key(), obs, m, &next, r, started)?;
             store.add_step(&problem, version, &record)?;
@@ -700,6 +710,7 @@ pub fn enumerate_problem(
     Ok(EpisodeResult {
         best: e.best_speedup(),
         evaluations: e.step,
+        bests,
         wrote: j.found.best.is_some(),
     })
 }
@@ -781,7 +792,7 @@ pub enum Split {
 }
 
 impl Split {
-    fn keeps(self, name: &str) -> bool {
+    pub(crate) fn keeps(self, name: &str) -> bool {
         match self {
             Split::Train => !held_out(name),
             Split::Test => held_out(name),
@@ -903,6 +914,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
                     &mut loaded,
                     &settings,
                     Some(&mut store),
+                    None,
                     None,
                     seed,
                 )
@@ -1062,6 +1074,12 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         ranking.pairs
     )?;
     let summary = serde_json::json!({
+        // The knowledge base the policy's observations were built from;
+        // `optimize --planner` reads its priors there.
+        "trajectories": std::fs::canonicalize(req.store)
+            .unwrap_or_else(|_| req.store.to_path_buf())
+            .display()
+            .to_string(),
         "iterations": rows.len(),
         "seconds": seconds,
         "ppo": req.ppo,
@@ -1081,7 +1099,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
 
 /// One planner's figures in `compare`.
 #[derive(Debug, serde::Serialize)]
-struct Row {
+pub(crate) struct Row {
     planner: String,
     problems: usize,
     geomean_speedup: f64,
@@ -1097,24 +1115,24 @@ struct Row {
 
 /// How close to the exhaustive best counts as reaching it in `compare`
 /// (the "90 % of the exhaustive search's best").
-const NEAR: f64 = 0.9;
+pub(crate) const NEAR: f64 = 0.9;
 
 /// One problem of the comparison: its recorded tree's best and what each
 /// planner reached on it (the random planner: the geometric mean over its
 /// seeds, and the mean evaluations). Speedups below 1 count as 1, as in
 /// the table: eager PyTorch is always there to fall back on.
 #[derive(serde::Serialize)]
-struct ProblemRow {
-    problem: String,
-    programs: usize,
-    exhaustive: f64,
-    planners: std::collections::BTreeMap<String, PlannerResult>,
+pub(crate) struct ProblemRow {
+    pub(crate) problem: String,
+    pub(crate) programs: usize,
+    pub(crate) exhaustive: f64,
+    pub(crate) planners: std::collections::BTreeMap<String, PlannerResult>,
 }
 
 #[derive(serde::Serialize)]
-struct PlannerResult {
-    best: f64,
-    evaluations: f64,
+pub(crate) struct PlannerResult {
+    pub(crate) best: f64,
+    pub(crate) evaluations: f64,
 }
 
 /// What `mtmc compare` was asked to do.
@@ -1191,23 +1209,9 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     }
     let problems = Arc::new(problems);
     let exhaustive: Vec<f64> = problems.iter().map(TreeProblem::best).collect();
-    let mut planners: Vec<(String, Choice)> = Vec::new();
-    if let Some(dir) = checkpoint {
-        planners.push(("trained".into(), Choice::Trained(dir.to_path_buf())));
-    }
-    planners.push(("random".into(), Choice::Random));
-    planners.push(("greedy".into(), Choice::Greedy));
+    let planners = compared(checkpoint);
     let mut rows = Vec::new();
-    let mut per_problem: Vec<ProblemRow> = problems
-        .iter()
-        .zip(&exhaustive)
-        .map(|(p, &best)| ProblemRow {
-            problem: p.problem.name.clone(),
-            programs: p.evals.len(),
-            exhaustive: best.max(1.0),
-            planners: Default::default(),
-        })
-        .collect();
+    let mut per_problem = problem_rows(&problems);
     for (name, choice) in &planners {
         // The random planner: the mean over 10 seeds.
         let seeds = if matches!(choice, Choice::Random) {
@@ -1256,24 +1260,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             ),
         ));
     }
-    let all: usize = problems.iter().map(|p| p.evals.len()).sum();
-    // Its best is the reference, reached by definition; how soon is the
-    // enumeration's order, replayed over every recorded program.
-    let mut walk = Choice::Exhaustive.load(0)?;
-    let most = problems.iter().map(|p| p.evals.len()).max().unwrap_or(0);
-    let to_near: usize = (0..problems.len())
-        .map(|k| {
-            let (_, n, reached) = replay(&mut walk, &problems, k, most, NEAR * exhaustive[k]);
-            reached.unwrap_or(n)
-        })
-        .sum();
-    rows.push(row(
-        "exhaustive",
-        &exhaustive.iter().map(|b| b.max(1.0)).collect::<Vec<_>>(),
-        all as f64 / problems.len() as f64,
-        &exhaustive,
-        (1.0, to_near as f64 / problems.len() as f64),
-    ));
+    rows.push(exhaustive_row(&problems)?);
     writeln!(
         out,
         "{} problem(s) ({:?} split), budget {budget} evaluations (exhaustive: every recorded program); outcomes replayed from {}{}",
@@ -1284,6 +1271,74 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             " (the programs episodes of {by} reached)"
         ))
     )?;
+    print_table(out, &rows)?;
+    if let Some(path) = json {
+        let doc = serde_json::json!({
+            "split": format!("{split:?}").to_lowercase(),
+            "budget": budget,
+            "store": store_path.display().to_string(),
+            "recorded_by": recorded_by,
+            "planners": rows,
+            "problems": per_problem,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The planners a comparison runs, by name: the checkpoint's (when one is
+/// given), random, greedy.
+pub(crate) fn compared(checkpoint: Option<&Path>) -> Vec<(String, Choice)> {
+    let mut planners: Vec<(String, Choice)> = Vec::new();
+    if let Some(dir) = checkpoint {
+        planners.push(("trained".into(), Choice::Trained(dir.to_path_buf())));
+    }
+    planners.push(("random".into(), Choice::Random));
+    planners.push(("greedy".into(), Choice::Greedy));
+    planners
+}
+
+/// Each problem's row of the comparison's JSON, with its recorded tree's
+/// best and no planner's result yet.
+pub(crate) fn problem_rows(problems: &[TreeProblem]) -> Vec<ProblemRow> {
+    problems
+        .iter()
+        .map(|p| ProblemRow {
+            problem: p.problem.name.clone(),
+            programs: p.evals.len(),
+            exhaustive: p.best().max(1.0),
+            planners: Default::default(),
+        })
+        .collect()
+}
+
+/// The exhaustive search's row: every recorded program of each problem.
+/// Its best is the reference, reached by definition; how soon is the
+/// enumeration's order, replayed over every recorded program.
+pub(crate) fn exhaustive_row(problems: &Arc<Vec<TreeProblem>>) -> Result<Row> {
+    let exhaustive: Vec<f64> = problems.iter().map(TreeProblem::best).collect();
+    let all: usize = problems.iter().map(|p| p.evals.len()).sum();
+    let mut walk = Choice::Exhaustive.load(0)?;
+    let most = problems.iter().map(|p| p.evals.len()).max().unwrap_or(0);
+    let to_near: usize = (0..problems.len())
+        .map(|k| {
+            let (_, n, reached) = replay(&mut walk, problems, k, most, NEAR * exhaustive[k]);
+            reached.unwrap_or(n)
+        })
+        .sum();
+    let n = problems.len().max(1) as f64;
+    Ok(row(
+        "exhaustive",
+        &exhaustive.iter().map(|b| b.max(1.0)).collect::<Vec<_>>(),
+        all as f64 / n,
+        &exhaustive,
+        (1.0, to_near as f64 / n),
+    ))
+}
+
+/// Prints the comparison table, one row per planner.
+pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row]) -> Result<()> {
     writeln!(
         out,
         "{:<11} {:>9} {:>8} {:>12} {:>14} {:>12} {:>13}",
@@ -1295,7 +1350,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         "reached 90%",
         "evals to 90%"
     )?;
-    for r in &rows {
+    for r in rows {
         writeln!(
             out,
             "{:<11} {:>8.3}x {:>7.1}% {:>12.1} {:>13.1}% {:>11.1}% {:>13.1}",
@@ -1312,18 +1367,6 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         out,
         "reached 90%: episodes whose best came within 90 % of the problem's exhaustive best; evals to 90%: the evaluations that took, on average over those"
     )?;
-    if let Some(path) = json {
-        let doc = serde_json::json!({
-            "split": format!("{split:?}").to_lowercase(),
-            "budget": budget,
-            "store": store_path.display().to_string(),
-            "recorded_by": recorded_by,
-            "planners": rows,
-            "problems": per_problem,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
-    }
     Ok(())
 }
 
@@ -1344,7 +1387,7 @@ fn planners_in(
 
 /// A planner's row: its bests per problem, mean evaluations, and
 /// `(reached_90, evaluations_to_90)`.
-fn row(
+pub(crate) fn row(
     name: &str,
     bests: &[f64],
     evaluations: f64,
@@ -1419,6 +1462,43 @@ pub struct OptimizeRequest<'a> {
     pub seed: u64,
 }
 
+/// The store a checkpoint was trained on (`trajectories` in its
+/// `train.json`), opened for its knowledge-base priors; none, with a
+/// warning, when it is not there.
+fn trained_knowledge(out: &mut dyn std::io::Write, dir: &Path) -> Result<Option<Store>> {
+    let recorded = std::fs::read_to_string(dir.join("train.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["trajectories"].as_str().map(PathBuf::from));
+    match recorded {
+        Some(path) if path.exists() => {
+            writeln!(
+                out,
+                "knowledge base: {} (the store the planner was trained on)",
+                path.display()
+            )?;
+            Ok(Some(Store::open_to_read(&path)?))
+        }
+        other => {
+            writeln!(
+                out,
+                "warning: {}: the planner's moves are chosen without the knowledge base it learned with; pass --trajectories with that store",
+                match other {
+                    Some(path) => format!(
+                        "the store it was trained on, `{}`, is not here",
+                        path.display()
+                    ),
+                    None => format!(
+                        "`{}` does not name the store it was trained on",
+                        dir.join("train.json").display()
+                    ),
+                }
+            )?;
+            Ok(None)
+        }
+    }
+}
+
 /// A planner-guided search on one KernelBench problem.
 pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
@@ -1438,6 +1518,10 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
     let mut judge = ProblemJudge::new(gpu, req.timeout, true, false);
     let mut loaded = req.planner.load(req.seed)?;
     let mut store = req.store.map(Store::open).transpose()?;
+    let knowledge = match (&req.planner, req.store) {
+        (Choice::Trained(dir), None) => trained_knowledge(out, dir)?,
+        _ => None,
+    };
     let r = plan_problem(
         out,
         p,
@@ -1446,6 +1530,7 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
         &mut loaded,
         &req.settings,
         store.as_mut(),
+        knowledge.as_ref(),
         Some(req.out_dir),
         req.seed,
     )?;

@@ -1,0 +1,452 @@
+//! `mtmc compare --live`: each planner searches every problem of the split
+//! that the store's tree holds on this machine's GPU, with its programs
+//! built and judged now, and the same table as the replay is printed from
+//! what they found. The exhaustive row stays the recorded tree's:
+//! enumerating every program again would cost the budget many times over.
+//! The observations' knowledge-base priors are read from the same store,
+//! as in training (not from the folder's own steps, which would start
+//! empty).
+//!
+//! Everything lands in the output folder as it happens, so an interrupted
+//! run loses at most the episode it was in and the same command resumes:
+//! `settings.json` (what was asked; a rerun with other settings is
+//! refused), `episodes.jsonl` (one line per finished episode),
+//! `trajectories.sqlite` (every step), `logs/` (each episode's steps as
+//! text) and `compare.json` (the table and each problem's results).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use mtmc_planner::store::{RECORDED_H100, Store};
+use mtmc_planner::tree::{self, TreeProblem};
+
+use crate::cmd::optimize::ProblemJudge;
+use crate::cmd::plan::{
+    NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, plan_problem, print_table,
+    problem_rows, row,
+};
+
+/// What `mtmc compare --live` was asked to do.
+pub struct LiveRequest<'a> {
+    /// `--kernelbench`.
+    pub kernelbench: Option<&'a Path>,
+    /// The store whose recorded tree chooses the problems and gives the
+    /// exhaustive best.
+    pub store: &'a Path,
+    /// A checkpoint to compare, if any.
+    pub checkpoint: Option<&'a Path>,
+    /// Evaluations per episode.
+    pub budget: usize,
+    /// Which problems.
+    pub split: Split,
+    /// Where everything is written.
+    pub out_dir: &'a Path,
+    /// Also write the JSON here.
+    pub json: Option<&'a Path>,
+    /// Limit per candidate.
+    pub timeout: Duration,
+    /// Seed (the random planner's episode on the k-th problem uses
+    /// `seed + k`).
+    pub seed: u64,
+}
+
+/// What a live comparison was asked to do, kept in `settings.json`: a
+/// rerun into the same folder must ask for the same.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Settings {
+    budget: usize,
+    split: String,
+    checkpoint: Option<String>,
+    seed: u64,
+}
+
+/// One finished episode, a line of `episodes.jsonl`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Finished {
+    problem: String,
+    planner: String,
+    /// Best speedup against eager (0: nothing correct).
+    best: f64,
+    evaluations: usize,
+    /// The best after each evaluation.
+    bests: Vec<f64>,
+    seconds: f64,
+}
+
+/// A problem's file-name form: `L2/76_Gemm` → `L2-76_Gemm`.
+fn file_name(problem: &str) -> String {
+    problem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// Reads the episodes already finished in `path` (none when it is not
+/// there). A last line cut short by a kill is dropped.
+fn finished(path: &Path) -> Result<Vec<Finished>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read `{}`", path.display())),
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut done = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str::<Finished>(line) {
+            Ok(f) => done.push(f),
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
+            Err(e) => bail!(
+                "`{}` line {}: {e}: the file is not one this command wrote; pass another --out",
+                path.display(),
+                i + 1
+            ),
+        }
+    }
+    Ok(done)
+}
+
+/// Runs the live comparison and prints its table.
+pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Result<()> {
+    let store = Store::open_to_read(req.store)?;
+    let recorded: Vec<TreeProblem> = tree::load(&store, None)?
+        .into_iter()
+        .filter(|p| req.split.keeps(&p.problem.name))
+        .collect();
+    if recorded.is_empty() {
+        bail!(
+            "`{}` has no recorded problem in this split: the live comparison runs on the problems of a recorded tree, whose exhaustive best is the reference (record one with `mtmc explore --planner exhaustive`, or pass --trajectories {RECORDED_H100}, the tree recorded on an H100)",
+            req.store.display()
+        );
+    }
+    let problems = crate::source::Problems::load(req.kernelbench)?;
+    let chosen = recorded
+        .iter()
+        .map(|p| problems.find(&p.problem.name))
+        .collect::<Result<Vec<_>>>()
+        .context("a recorded problem is not among the KernelBench problems: pass the --kernelbench the tree was recorded from")?;
+
+    std::fs::create_dir_all(req.out_dir)
+        .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
+    let settings = Settings {
+        budget: req.budget,
+        split: format!("{:?}", req.split).to_lowercase(),
+        checkpoint: req.checkpoint.map(|c| c.display().to_string()),
+        seed: req.seed,
+    };
+    let settings_path = req.out_dir.join("settings.json");
+    if settings_path.exists() {
+        let text = std::fs::read_to_string(&settings_path)
+            .with_context(|| format!("cannot read `{}`", settings_path.display()))?;
+        let before: Settings = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "`{}` is not a live comparison's settings: pass another --out",
+                settings_path.display()
+            )
+        })?;
+        if before != settings {
+            bail!(
+                "`{}` holds a live comparison with other settings ({}); ask for the same to resume it, or pass another --out",
+                req.out_dir.display(),
+                text.trim()
+            );
+        }
+    } else {
+        std::fs::write(&settings_path, serde_json::to_string(&settings)? + "\n")
+            .with_context(|| format!("cannot write `{}`", settings_path.display()))?;
+    }
+    let episodes_path = req.out_dir.join("episodes.jsonl");
+    let mut done = finished(&episodes_path)?;
+    // Rewrite the file when a kill cut its last line short, so that the
+    // next line starts on a line of its own.
+    if std::fs::read(&episodes_path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n')) {
+        let text: String = done
+            .iter()
+            .map(|f| serde_json::to_string(f).map(|l| l + "\n"))
+            .collect::<serde_json::Result<_>>()?;
+        std::fs::write(&episodes_path, text)
+            .with_context(|| format!("cannot write `{}`", episodes_path.display()))?;
+    }
+    let logs = req.out_dir.join("logs");
+    std::fs::create_dir_all(&logs)
+        .with_context(|| format!("cannot create `{}`", logs.display()))?;
+
+    let planners = compared(req.checkpoint);
+    for (_, choice) in &planners {
+        // A checkpoint that cannot be loaded is named before any GPU time.
+        choice.load(req.seed)?;
+    }
+
+    let have: BTreeSet<(String, String)> = done
+        .iter()
+        .map(|f| (f.problem.clone(), f.planner.clone()))
+        .collect();
+    // Each problem's planners in turn, starting one later on each problem,
+    // so that none is always the first to run after a new problem's setup.
+    let mut work = Vec::new();
+    for (k, p) in recorded.iter().enumerate() {
+        for i in 0..planners.len() {
+            let j = (k + i) % planners.len();
+            if !have.contains(&(p.problem.name.clone(), planners[j].0.clone())) {
+                work.push((k, j));
+            }
+        }
+    }
+    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    writeln!(
+        out,
+        "compare --live: {} problem(s) ({} split), planners {}, budget {}; {} episode(s) to run ({} already in {}); {}",
+        recorded.len(),
+        settings.split,
+        planners
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        req.budget,
+        work.len(),
+        have.len(),
+        episodes_path.display(),
+        if gpu {
+            "judged on the GPU"
+        } else {
+            "no GPU: compile only, nothing is run or timed (every speedup is 0)"
+        }
+    )?;
+
+    if !work.is_empty() {
+        let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
+        let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
+        let needed: Vec<usize> = work
+            .iter()
+            .map(|w| w.0)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let graphs: BTreeMap<usize, _> = needed
+            .iter()
+            .copied()
+            .zip(problems.graphs(&needed.iter().map(|&k| chosen[k]).collect::<Vec<_>>())?)
+            .collect();
+        let mut lines = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&episodes_path)
+            .with_context(|| format!("cannot open `{}`", episodes_path.display()))?;
+        let plan = PlanSettings {
+            budget: req.budget,
+            near_roofline: 0.9,
+            verbose: false,
+            reuse: false,
+        };
+        let bar = ProgressBar::new(work.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
+                .expect("a valid template"),
+        );
+        for &(k, j) in &work {
+            let name = &recorded[k].problem.name;
+            let (planner, choice) = &planners[j];
+            bar.set_message(format!("{name}: {planner}"));
+            let g = match &graphs[&k].graph {
+                Ok(g) => g,
+                Err(e) => {
+                    bar.suspend(|| writeln!(out, "{name}: no graph ({e}); skipped"))?;
+                    bar.inc(1);
+                    continue;
+                }
+            };
+            let mut loaded = choice.load(req.seed.wrapping_add(k as u64))?;
+            let mut log = Vec::new();
+            let started = Instant::now();
+            let r = plan_problem(
+                &mut log,
+                chosen[k],
+                g,
+                &mut judge,
+                &mut loaded,
+                &plan,
+                Some(&mut steps),
+                Some(&store),
+                None,
+                req.seed.wrapping_add(k as u64),
+            );
+            let seconds = started.elapsed().as_secs_f64();
+            let log_path = logs.join(format!("{}.{planner}.txt", file_name(name)));
+            if let Err(e) = &r {
+                writeln!(log, "episode failed: {e:#}")?;
+            }
+            std::fs::write(&log_path, &log)
+                .with_context(|| format!("cannot write `{}`", log_path.display()))?;
+            match r {
+                Ok(r) => {
+                    let f = Finished {
+                        problem: name.clone(),
+                        planner: planner.clone(),
+                        best: r.best,
+                        evaluations: r.evaluations,
+                        bests: r.bests,
+                        seconds,
+                    };
+                    writeln!(lines, "{}", serde_json::to_string(&f)?)
+                        .and_then(|_| lines.flush())
+                        .with_context(|| format!("cannot write `{}`", episodes_path.display()))?;
+                    bar.suspend(|| {
+                        writeln!(
+                            out,
+                            "{name}: {planner} {:.3}x in {} evaluation(s) ({seconds:.0} s)",
+                            f.best, f.evaluations
+                        )
+                    })?;
+                    done.push(f);
+                }
+                Err(e) => bar.suspend(|| {
+                    writeln!(
+                        out,
+                        "{name}: {planner}: episode failed: {e:#} (see {}; a rerun tries it again)",
+                        log_path.display()
+                    )
+                })?,
+            }
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+    }
+
+    // The table covers the problems every planner finished.
+    let by: BTreeMap<(&str, &str), &Finished> = done
+        .iter()
+        .map(|f| ((f.problem.as_str(), f.planner.as_str()), f))
+        .collect();
+    let complete: Vec<TreeProblem> = recorded
+        .into_iter()
+        .filter(|p| {
+            planners
+                .iter()
+                .all(|(n, _)| by.contains_key(&(p.problem.name.as_str(), n.as_str())))
+        })
+        .collect();
+    let missing = chosen.len() - complete.len();
+    if complete.is_empty() {
+        bail!(
+            "no problem has a finished episode of every planner yet: run the same command again to resume"
+        );
+    }
+    let complete = Arc::new(complete);
+    let exhaustive: Vec<f64> = complete.iter().map(TreeProblem::best).collect();
+    let mut rows = Vec::new();
+    let mut per_problem = problem_rows(&complete);
+    let mut seconds = 0.0;
+    for (planner, _) in &planners {
+        let eps: Vec<&Finished> = complete
+            .iter()
+            .map(|p| by[&(p.problem.name.as_str(), planner.as_str())])
+            .collect();
+        let bests: Vec<f64> = eps.iter().map(|f| f.best.max(1.0)).collect();
+        let (mut near, mut to_near) = (0usize, 0usize);
+        for (f, &ex) in eps.iter().zip(&exhaustive) {
+            if let Some(i) = f.bests.iter().position(|&b| b >= NEAR * ex) {
+                near += 1;
+                to_near += i + 1;
+            }
+        }
+        for (r, f) in per_problem.iter_mut().zip(&eps) {
+            r.planners.insert(
+                planner.clone(),
+                PlannerResult {
+                    best: f.best.max(1.0),
+                    evaluations: f.evaluations as f64,
+                },
+            );
+        }
+        seconds += eps.iter().map(|f| f.seconds).sum::<f64>();
+        let n = eps.len() as f64;
+        rows.push(row(
+            planner,
+            &bests,
+            eps.iter().map(|f| f.evaluations).sum::<usize>() as f64 / n,
+            &exhaustive,
+            (near as f64 / n, to_near as f64 / near.max(1) as f64),
+        ));
+    }
+    rows.push(exhaustive_row(&complete)?);
+    writeln!(
+        out,
+        "{} problem(s) ({} split), budget {} evaluations, every planner's programs judged live{}; exhaustive: the best of every program recorded in {} (not run again){}",
+        complete.len(),
+        settings.split,
+        req.budget,
+        if gpu { "" } else { " (compile only)" },
+        req.store.display(),
+        if missing > 0 {
+            format!("; {missing} problem(s) left out: not every planner finished them")
+        } else {
+            String::new()
+        }
+    )?;
+    print_table(out, &rows)?;
+    writeln!(
+        out,
+        "{:.0} s of episodes; each episode's steps are in {}",
+        seconds,
+        logs.display()
+    )?;
+    let doc = serde_json::json!({
+        "live": true,
+        "split": settings.split,
+        "budget": req.budget,
+        "store": req.store.display().to_string(),
+        "checkpoint": settings.checkpoint,
+        "problems_left_out": missing,
+        "planners": rows,
+        "problems": per_problem,
+    });
+    let text = serde_json::to_string_pretty(&doc)? + "\n";
+    for path in std::iter::once(req.out_dir.join("compare.json")).chain(req.json.map(Into::into)) {
+        std::fs::write(&path, &text)
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_problem_name_becomes_one_file_name() {
+        assert_eq!(
+            file_name("L2/76_Gemm_Add_ReLU"),
+            "L2-76_Gemm_Add_ReLU".to_string()
+        );
+        assert_eq!(file_name("L1/9_Tall skinny.x"), "L1-9_Tall-skinny-x");
+    }
+
+    #[test]
+    fn a_line_cut_short_by_a_kill_is_dropped_and_a_foreign_file_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("episodes.jsonl");
+        assert!(finished(&path).unwrap().is_empty());
+        let line = r#"{"problem":"L1/1_a","planner":"greedy","best":1.5,"evaluations":3,"bests":[1.0,1.5,1.5],"seconds":2.0}"#;
+        std::fs::write(&path, format!("{line}\n{}", &line[..40])).unwrap();
+        let got = finished(&path).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].bests, vec![1.0, 1.5, 1.5]);
+        std::fs::write(&path, format!("not json\n{line}\n")).unwrap();
+        let err = finished(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("line 1") && err.contains("another --out"),
+            "{err}"
+        );
+    }
+}
