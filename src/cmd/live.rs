@@ -59,6 +59,9 @@ pub struct LiveRequest<'a> {
 /// rerun into the same folder must ask for the same.
 #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Settings {
+    /// The recorded tree: the problems, the exhaustive best and the
+    /// trained planner's priors.
+    trajectories: String,
     budget: usize,
     split: String,
     checkpoint: Option<String>,
@@ -93,11 +96,12 @@ fn file_name(problem: &str) -> String {
 }
 
 /// Reads the episodes already finished in `path` (none when it is not
-/// there). A last line cut short by a kill is dropped.
-fn finished(path: &Path) -> Result<Vec<Finished>> {
+/// there), and whether its last line was cut short by a kill (that line
+/// is dropped).
+fn finished(path: &Path) -> Result<(Vec<Finished>, bool)> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), false)),
         Err(e) => return Err(e).with_context(|| format!("cannot read `{}`", path.display())),
     };
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -113,7 +117,7 @@ fn finished(path: &Path) -> Result<Vec<Finished>> {
             ),
         }
     }
-    Ok(done)
+    Ok((done, !text.is_empty() && !text.ends_with('\n')))
 }
 
 /// Runs the live comparison and prints its table.
@@ -139,6 +143,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     std::fs::create_dir_all(req.out_dir)
         .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
     let settings = Settings {
+        trajectories: req.store.display().to_string(),
         budget: req.budget,
         split: format!("{:?}", req.split).to_lowercase(),
         checkpoint: req.checkpoint.map(|c| c.display().to_string()),
@@ -166,10 +171,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .with_context(|| format!("cannot write `{}`", settings_path.display()))?;
     }
     let episodes_path = req.out_dir.join("episodes.jsonl");
-    let mut done = finished(&episodes_path)?;
+    let (mut done, cut) = finished(&episodes_path)?;
     // Rewrite the file when a kill cut its last line short, so that the
     // next line starts on a line of its own.
-    if std::fs::read(&episodes_path).is_ok_and(|b| b.last().is_some_and(|&c| c != b'\n')) {
+    if cut {
         let text: String = done
             .iter()
             .map(|f| serde_json::to_string(f).map(|l| l + "\n"))
@@ -436,12 +441,16 @@ mod tests {
     fn a_line_cut_short_by_a_kill_is_dropped_and_a_foreign_file_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("episodes.jsonl");
-        assert!(finished(&path).unwrap().is_empty());
+        assert!(finished(&path).unwrap().0.is_empty());
         let line = r#"{"problem":"L1/1_a","planner":"greedy","best":1.5,"evaluations":3,"bests":[1.0,1.5,1.5],"seconds":2.0}"#;
         std::fs::write(&path, format!("{line}\n{}", &line[..40])).unwrap();
-        let got = finished(&path).unwrap();
+        let (got, cut) = finished(&path).unwrap();
+        assert!(cut);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].bests, vec![1.0, 1.5, 1.5]);
+        std::fs::write(&path, format!("{line}\n")).unwrap();
+        let (got, cut) = finished(&path).unwrap();
+        assert!(!cut && got.len() == 1);
         std::fs::write(&path, format!("not json\n{line}\n")).unwrap();
         let err = finished(&path).unwrap_err().to_string();
         assert!(
