@@ -186,6 +186,11 @@ enum Command {
         /// Seed of the random planner.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Let a trained planner's STOP end the search before the budget
+        /// is spent. Without it the search ends at the budget, near the
+        /// roofline, or when no legal move is left.
+        #[arg(long, requires = "planner")]
+        policy_stops: bool,
         #[command(flatten)]
         llm: cmd::llm::LlmArgs,
     },
@@ -312,6 +317,10 @@ enum Command {
         /// uses seed + k).
         #[arg(long, default_value_t = 0, requires = "live")]
         seed: u64,
+        /// Let the trained planner's STOP end an episode before the budget
+        /// is spent (its evaluations saved, its best perhaps lower).
+        #[arg(long, requires = "checkpoint")]
+        policy_stops: bool,
     },
     /// Send one tiny request to the configured LLM endpoint and say what
     /// works: reachable, model listed, reply in the expected JSON, latency.
@@ -507,6 +516,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             budget,
             trajectories,
             seed,
+            policy_stops,
             llm,
         } => {
             if let Some(planner) = planner {
@@ -541,6 +551,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         out_dir: &out_dir,
                         timeout: std::time::Duration::from_secs(timeout),
                         seed,
+                        policy_stops,
                     },
                 );
             }
@@ -663,6 +674,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             out: out_dir,
             timeout,
             seed,
+            policy_stops,
         } => {
             if !live {
                 return cmd::plan::compare(
@@ -674,6 +686,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         split,
                         recorded_by: recorded_by.as_deref(),
                         json: json.as_deref(),
+                        policy_stops,
                     },
                 );
             }
@@ -694,6 +707,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     json: json.as_deref(),
                     timeout: std::time::Duration::from_secs(timeout),
                     seed,
+                    policy_stops,
                 },
             )
         }

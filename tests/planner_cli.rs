@@ -241,8 +241,8 @@ fn explore_train_compare_and_a_planned_optimize() {
     // nothing is timed), writes its folder as it goes, and resumes.
     let live = dir.path().join("live");
     let live_s = live.to_string_lossy().into_owned();
-    let live_run = |budget: &str| {
-        mtmc(&[
+    let live_run_with = |budget: &str, more: &[&str]| {
+        let mut args = vec![
             "--kernelbench",
             &kb,
             "compare",
@@ -257,8 +257,11 @@ fn explore_train_compare_and_a_planned_optimize() {
             budget,
             "--out",
             &live_s,
-        ])
+        ];
+        args.extend_from_slice(more);
+        mtmc(&args)
     };
+    let live_run = |budget: &str| live_run_with(budget, &[]);
     let run = live_run("2").success();
     assert!(
         run.stdout.contains("6 episode(s) to run (0 already in")
@@ -292,6 +295,10 @@ fn explore_train_compare_and_a_planned_optimize() {
         let n = e["evaluations"].as_u64().unwrap();
         assert!((1..=2).contains(&n), "{e}");
         assert_eq!(e["bests"].as_array().unwrap().len() as u64, n, "{e}");
+        // Without --policy-stops the trained planner spends the budget.
+        if e["planner"] == "trained" {
+            assert_eq!(n, 2, "{e}");
+        }
     }
     assert_eq!(std::fs::read_dir(live.join("logs")).unwrap().count(), 6);
     let steps = mtmc_planner::store::Store::open(&live.join("trajectories.sqlite")).unwrap();
@@ -317,6 +324,21 @@ fn explore_train_compare_and_a_planned_optimize() {
         err.error.contains("other settings") && err.error.contains("another --out"),
         "{}",
         err.error
+    );
+    let err = live_run_with("2", &["--policy-stops"]).failure();
+    assert!(err.error.contains("other settings"), "{}", err.error);
+    // A folder written before the setting existed let the policy stop.
+    let settings = live.join("settings.json");
+    let mut old = read_json(&settings);
+    old.as_object_mut().unwrap().remove("policy_stops");
+    std::fs::write(&settings, old.to_string()).unwrap();
+    assert!(live_run("2").failure().error.contains("other settings"));
+    let run = live_run_with("2", &["--policy-stops"]).success();
+    assert!(
+        run.stdout.contains("0 episode(s) to run (6 already in")
+            && run.stdout.contains("trained: its STOP ends the episode"),
+        "{}",
+        run.stdout
     );
 
     // Settings are chosen on the validation problems, which

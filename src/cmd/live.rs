@@ -28,7 +28,7 @@ use mtmc_planner::tree::{self, TreeProblem};
 use crate::cmd::optimize::ProblemJudge;
 use crate::cmd::plan::{
     NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, plan_problem, print_table,
-    problem_rows, row,
+    problem_rows, row, stopping,
 };
 
 /// What `mtmc compare --live` was asked to do.
@@ -53,6 +53,8 @@ pub struct LiveRequest<'a> {
     /// Seed (the random planner's episode on the k-th problem uses
     /// `seed + k`).
     pub seed: u64,
+    /// Let the trained policy's STOP end an episode early.
+    pub policy_stops: bool,
 }
 
 /// What a live comparison was asked to do, kept in `settings.json`: a
@@ -66,6 +68,15 @@ struct Settings {
     split: String,
     checkpoint: Option<String>,
     seed: u64,
+    /// Whether the trained policy's STOP may end an episode early. Folders
+    /// written before the setting existed ran that way.
+    #[serde(default = "stopped_early")]
+    policy_stops: bool,
+}
+
+/// `policy_stops` of a `settings.json` that does not name it.
+fn stopped_early() -> bool {
+    true
 }
 
 /// One finished episode, a line of `episodes.jsonl`.
@@ -148,6 +159,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         split: format!("{:?}", req.split).to_lowercase(),
         checkpoint: req.checkpoint.map(|c| c.display().to_string()),
         seed: req.seed,
+        policy_stops: req.policy_stops,
     };
     let settings_path = req.out_dir.join("settings.json");
     if settings_path.exists() {
@@ -271,7 +283,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                     continue;
                 }
             };
-            let mut loaded = choice.load(req.seed.wrapping_add(k as u64))?;
+            let mut loaded = choice
+                .load(req.seed.wrapping_add(k as u64))?
+                .policy_stops(req.policy_stops);
             let mut log = Vec::new();
             let started = Instant::now();
             let r = plan_problem(
@@ -387,11 +401,12 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     rows.push(exhaustive_row(&complete)?);
     writeln!(
         out,
-        "{} problem(s) ({} split), budget {} evaluations, every planner's programs judged live{}; exhaustive: the best of every program recorded in {} (not run again){}",
+        "{} problem(s) ({} split), budget {} evaluations, every planner's programs judged live{}{}; exhaustive: the best of every program recorded in {} (not run again){}",
         complete.len(),
         settings.split,
         req.budget,
         if gpu { "" } else { " (compile only)" },
+        stopping(req.checkpoint.is_some(), req.policy_stops),
         req.store.display(),
         if missing > 0 {
             format!("; {missing} problem(s) left out: not every planner finished them")
@@ -412,6 +427,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         "budget": req.budget,
         "store": req.store.display().to_string(),
         "checkpoint": settings.checkpoint,
+        "policy_stops": req.policy_stops,
         "problems_left_out": missing,
         "planners": rows,
         "problems": per_problem,

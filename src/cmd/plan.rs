@@ -78,6 +78,11 @@ pub struct Loaded {
     planner: Planner,
     rtg: Option<RewardToGo<Cpu>>,
     version: String,
+    /// Whether the trained policy's STOP ends the search while the budget
+    /// and other legal moves remain (off: it picks its likeliest other
+    /// move, and the search ends at the budget, near the roofline, or when
+    /// no legal move is left).
+    policy_stops: bool,
 }
 
 impl Choice {
@@ -88,16 +93,19 @@ impl Choice {
                 planner: Planner::Random(Rng::new(seed)),
                 rtg: None,
                 version: "random".into(),
+                policy_stops: false,
             },
             Choice::Greedy => Loaded {
                 planner: Planner::Greedy,
                 rtg: None,
                 version: "greedy".into(),
+                policy_stops: false,
             },
             Choice::Exhaustive => Loaded {
                 planner: Planner::Exhaustive,
                 rtg: None,
                 version: "exhaustive".into(),
+                policy_stops: false,
             },
             Choice::Trained(dir) => {
                 let (net, meta) = Checkpoint::at(dir).load::<Cpu>(&Default::default())?;
@@ -105,6 +113,7 @@ impl Choice {
                     planner: Planner::Trained(Box::new(net)),
                     rtg: mtmc_planner::rtg::load(dir).map_err(anyhow::Error::msg)?,
                     version: meta.version,
+                    policy_stops: false,
                 }
             }
         })
@@ -122,8 +131,18 @@ const RERANK: usize = 3;
 const RERANK_WITHIN: f32 = 0.5;
 
 impl Loaded {
-    /// The next move: the planner's, or (trained with a reward-to-go
-    /// model) the best-predicted of the policy's top [`RERANK`].
+    /// Lets the trained policy's STOP end the search before the budget is
+    /// spent (`--policy-stops`); the other planners are not affected.
+    pub fn policy_stops(mut self, yes: bool) -> Loaded {
+        self.policy_stops = yes;
+        self
+    }
+
+    /// The next move. The trained planner takes its likeliest legal move
+    /// other than STOP (STOP only when [`Loaded::policy_stops`] lets the
+    /// policy's first choice end the search, or when nothing else is
+    /// legal); with a reward-to-go model, the best-predicted of the
+    /// policy's top [`RERANK`].
     fn choose(
         &mut self,
         p: &PlanProblem,
@@ -131,39 +150,47 @@ impl Loaded {
         obs: &[f32],
         mask: &[bool; ACTIONS],
     ) -> Move {
-        if let (Planner::Trained(net), Some(rtg)) = (&self.planner, &self.rtg) {
-            let device = Default::default();
-            let (probs, _) = net.act(obs, mask, &device);
-            let mut top: Vec<usize> = (0..ACTIONS)
-                .filter(|&i| mask[i] && i != Move::Stop.index())
-                .collect();
-            top.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-            top.truncate(RERANK);
-            if let Some(&first) = top.first() {
-                let floor = probs[first] * RERANK_WITHIN;
-                top.retain(|&i| probs[i] >= floor);
-            }
-            // Stop stays the policy's call.
-            let best = probs
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map(|(i, _)| i);
-            if best == Some(Move::Stop.index()) || top.is_empty() {
-                return Move::Stop;
-            }
-            let pick = top
-                .iter()
-                .copied()
-                .max_by(|&a, &b| {
-                    rtg.score(obs, a, &device)
-                        .total_cmp(&rtg.score(obs, b, &device))
-                })
-                .unwrap_or(top[0]);
-            return Move::from_index(pick);
-        }
-        self.planner.choose(p, e, obs, mask)
+        let Planner::Trained(net) = &self.planner else {
+            return self.planner.choose(p, e, obs, mask);
+        };
+        let device = Default::default();
+        let (probs, _) = net.act(obs, mask, &device);
+        let score = |i: usize| self.rtg.as_ref().map(|rtg| rtg.score(obs, i, &device));
+        trained_move(&probs, mask, self.policy_stops, score)
     }
+}
+
+/// The trained planner's move, given the policy's probabilities `probs`
+/// over the legal moves `mask` and `score` (the reward-to-go model's
+/// prediction for a move; none without a model).
+fn trained_move(
+    probs: &[f32],
+    mask: &[bool; ACTIONS],
+    policy_stops: bool,
+    score: impl Fn(usize) -> Option<f32>,
+) -> Move {
+    let mut top: Vec<usize> = (0..ACTIONS)
+        .filter(|&i| mask[i] && i != Move::Stop.index())
+        .collect();
+    top.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+    let stop_first = probs
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .is_some_and(|(i, _)| i == Move::Stop.index());
+    if top.is_empty() || policy_stops && stop_first {
+        return Move::Stop;
+    }
+    top.truncate(RERANK);
+    let floor = probs[top[0]] * RERANK_WITHIN;
+    top.retain(|&i| probs[i] >= floor);
+    // Without a model, the likeliest.
+    let pick = top
+        .iter()
+        .filter_map(|&i| score(i).map(|s| (i, s)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(top[0], |(i, _)| i);
+    Move::from_index(pick)
 }
 
 /// How a planned search runs.
@@ -1149,6 +1176,8 @@ pub struct CompareRequest<'a> {
     pub recorded_by: Option<&'a str>,
     /// Where the JSON goes, if anywhere.
     pub json: Option<&'a Path>,
+    /// Let the trained policy's STOP end an episode early.
+    pub policy_stops: bool,
 }
 
 /// Replays each planner on the held-out problems' recorded tree with
@@ -1162,6 +1191,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         split,
         recorded_by,
         json,
+        policy_stops,
     } = req;
     let store = Store::open_to_read(store_path)?;
     let problems: Vec<TreeProblem> = tree::load_by(&store, None, recorded_by)?
@@ -1225,7 +1255,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         // evaluations that took.
         let (mut near, mut to_near) = (0usize, 0usize);
         for seed in 0..seeds {
-            let mut loaded = choice.load(seed)?;
+            let mut loaded = choice.load(seed)?.policy_stops(policy_stops);
             for (k, b) in bests.iter_mut().enumerate() {
                 let (best, n, reached) =
                     replay(&mut loaded, &problems, k, budget, NEAR * exhaustive[k]);
@@ -1263,9 +1293,10 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     rows.push(exhaustive_row(&problems)?);
     writeln!(
         out,
-        "{} problem(s) ({:?} split), budget {budget} evaluations (exhaustive: every recorded program); outcomes replayed from {}{}",
+        "{} problem(s) ({:?} split), budget {budget} evaluations (exhaustive: every recorded program{}); outcomes replayed from {}{}",
         problems.len(),
         split,
+        stopping(checkpoint.is_some(), policy_stops),
         store_path.display(),
         recorded_by.map_or(String::new(), |by| format!(
             " (the programs episodes of {by} reached)"
@@ -1278,6 +1309,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             "budget": budget,
             "store": store_path.display().to_string(),
             "recorded_by": recorded_by,
+            "policy_stops": policy_stops,
             "planners": rows,
             "problems": per_problem,
         });
@@ -1285,6 +1317,15 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
     Ok(())
+}
+
+/// How the trained planner's episodes end, for a comparison's heading.
+pub(crate) fn stopping(trained: bool, policy_stops: bool) -> &'static str {
+    match (trained, policy_stops) {
+        (false, _) => "",
+        (true, false) => "; trained: its STOP overruled until the budget is spent",
+        (true, true) => "; trained: its STOP ends the episode",
+    }
 }
 
 /// The planners a comparison runs, by name: the checkpoint's (when one is
@@ -1460,6 +1501,8 @@ pub struct OptimizeRequest<'a> {
     pub timeout: Duration,
     /// Seed (the random planner).
     pub seed: u64,
+    /// Let the trained policy's STOP end the search early.
+    pub policy_stops: bool,
 }
 
 /// The store a checkpoint was trained on (`trajectories` in its
@@ -1516,7 +1559,7 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
         )?;
     }
     let mut judge = ProblemJudge::new(gpu, req.timeout, true, false);
-    let mut loaded = req.planner.load(req.seed)?;
+    let mut loaded = req.planner.load(req.seed)?.policy_stops(req.policy_stops);
     let mut store = req.store.map(Store::open).transpose()?;
     let knowledge = match (&req.planner, req.store) {
         (Choice::Trained(dir), None) => trained_knowledge(out, dir)?,
@@ -1572,6 +1615,43 @@ mod tests {
             .into_iter()
             .map(|(m, c, _)| (m, c))
             .collect()
+    }
+
+    #[test]
+    fn the_trained_planner_stops_early_only_when_asked() {
+        let mut mask = [false; ACTIONS];
+        let (stop, a, b, c) = (
+            Move::Stop.index(),
+            Move::Fuse.index(),
+            Move::Split.index(),
+            Move::GemmKernel.index(),
+        );
+        for i in [stop, a, b, c] {
+            mask[i] = true;
+        }
+        let mut probs = vec![0.0f32; ACTIONS];
+        probs[stop] = 0.5;
+        probs[a] = 0.1;
+        probs[b] = 0.3;
+        probs[c] = 0.06;
+        let none = |_: usize| None;
+        // The policy's first choice is STOP: the search goes on with its
+        // likeliest other move unless the policy may stop it.
+        assert_eq!(trained_move(&probs, &mask, false, none), Move::Split);
+        assert_eq!(trained_move(&probs, &mask, true, none), Move::Stop);
+        // The reward-to-go model picks among the moves at least half as
+        // likely as the first (Split, Fuse is 1/3: left out).
+        let score = |i: usize| Some(if i == a { 9.0 } else { 0.0 });
+        assert_eq!(trained_move(&probs, &mask, false, score), Move::Split);
+        probs[a] = 0.2;
+        assert_eq!(trained_move(&probs, &mask, false, score), Move::Fuse);
+        // Nothing legal but STOP.
+        let only = {
+            let mut m = [false; ACTIONS];
+            m[stop] = true;
+            m
+        };
+        assert_eq!(trained_move(&probs, &only, false, none), Move::Stop);
     }
 
     #[test]
