@@ -546,6 +546,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                             near_roofline: 0.9,
                             verbose,
                             reuse: false,
+                            rejudge: false,
                         },
                         store: trajectories.as_deref(),
                         out_dir: &out_dir,

@@ -306,6 +306,10 @@ fn explore_train_compare_and_a_planned_optimize() {
     assert_eq!(by.len(), 3, "{by:?}");
     let doc = read_json(&live.join("compare.json"));
     assert_eq!(doc["live"], true, "{doc}");
+    // Without a GPU nothing is timed, so no best program is judged again.
+    assert_eq!(read_json(&live.join("settings.json"))["rejudge"], true);
+    assert!(first.iter().all(|e| e["rejudged"].is_null()), "{first:?}");
+    assert!(doc["as_found"]["trained"].is_number(), "{doc}");
     assert_eq!(doc["planners"].as_array().unwrap().len(), 4, "{doc}");
     // A kill cuts the last line short: that episode alone runs again, and
     // the file is whole afterwards.
