@@ -27,8 +27,8 @@ use mtmc_planner::tree::{self, TreeProblem};
 
 use crate::cmd::optimize::ProblemJudge;
 use crate::cmd::plan::{
-    NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, plan_problem, print_table,
-    problem_rows, row, stopping,
+    NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, geomean, plan_problem,
+    print_table, problem_rows, row, stopping,
 };
 
 /// What `mtmc compare --live` was asked to do.
@@ -389,10 +389,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .iter()
             .map(|f| f.rejudged.unwrap_or(f.best).max(1.0))
             .collect();
-        let found: Vec<f64> = eps.iter().map(|f| f.best.max(1.0)).collect();
+        let found: Vec<f64> = eps.iter().map(|f| f.best).collect();
         as_found.push((
             planner.clone(),
-            (found.iter().map(|b| b.ln()).sum::<f64>() / found.len() as f64).exp(),
+            geomean(&found),
             eps.iter().filter(|f| f.rejudged.is_some()).count(),
         ));
         let (mut near, mut to_near) = (0usize, 0usize);

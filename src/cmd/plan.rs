@@ -1476,6 +1476,13 @@ fn planners_in(
     Ok(count)
 }
 
+/// The geometric mean of speedups, those below 1 counted as 1 (the
+/// library program is always there to fall back on).
+pub(crate) fn geomean(speedups: &[f64]) -> f64 {
+    let n = speedups.len().max(1) as f64;
+    (speedups.iter().map(|b| b.max(1.0).ln()).sum::<f64>() / n).exp()
+}
+
 /// A planner's row: its bests per problem, mean evaluations, and
 /// `(reached_90, evaluations_to_90)`.
 pub(crate) fn row(
@@ -1486,14 +1493,13 @@ pub(crate) fn row(
     (reached_90, evaluations_to_90): (f64, f64),
 ) -> Row {
     let n = bests.len().max(1) as f64;
-    let geo = |x: &[f64]| (x.iter().map(|b| b.max(1.0).ln()).sum::<f64>() / n).exp();
     Row {
         planner: name.into(),
         problems: bests.len(),
-        geomean_speedup: geo(bests),
+        geomean_speedup: geomean(bests),
         fast_1: bests.iter().filter(|&&b| b > 1.0).count() as f64 / n,
         evaluations,
-        of_exhaustive: geo(bests) / geo(exhaustive),
+        of_exhaustive: geomean(bests) / geomean(exhaustive),
         reached_90,
         evaluations_to_90,
     }
