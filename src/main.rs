@@ -321,6 +321,12 @@ enum Command {
         /// is spent (its evaluations saved, its best perhaps lower).
         #[arg(long, requires = "checkpoint")]
         policy_stops: bool,
+        /// Live: the folder of an earlier pass of the same comparison
+        /// (same settings; repeatable): the table pools its finished
+        /// episodes with --out's, one entry per problem and pass, since one
+        /// pass's timings move by a few percent.
+        #[arg(long, value_name = "DIR", requires = "live")]
+        pool: Vec<PathBuf>,
     },
     /// Send one tiny request to the configured LLM endpoint and say what
     /// works: reachable, model listed, reply in the expected JSON, latency.
@@ -676,6 +682,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             timeout,
             seed,
             policy_stops,
+            pool,
         } => {
             if !live {
                 return cmd::plan::compare(
@@ -709,6 +716,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     timeout: std::time::Duration::from_secs(timeout),
                     seed,
                     policy_stops,
+                    pool: &pool,
                 },
             )
         }

@@ -241,7 +241,7 @@ fn explore_train_compare_and_a_planned_optimize() {
     // nothing is timed), writes its folder as it goes, and resumes.
     let live = dir.path().join("live");
     let live_s = live.to_string_lossy().into_owned();
-    let live_run_with = |budget: &str, more: &[&str]| {
+    let live_in = |out: &str, budget: &str, more: &[&str]| {
         let mut args = vec![
             "--kernelbench",
             &kb,
@@ -256,11 +256,12 @@ fn explore_train_compare_and_a_planned_optimize() {
             "--budget",
             budget,
             "--out",
-            &live_s,
+            out,
         ];
         args.extend_from_slice(more);
         mtmc(&args)
     };
+    let live_run_with = |budget: &str, more: &[&str]| live_in(&live_s, budget, more);
     let live_run = |budget: &str| live_run_with(budget, &[]);
     let run = live_run("2").success();
     assert!(
@@ -340,9 +341,70 @@ fn explore_train_compare_and_a_planned_optimize() {
     let run = live_run_with("2", &["--policy-stops"]).success();
     assert!(
         run.stdout.contains("0 episode(s) to run (6 already in")
-            && run.stdout.contains("trained: its STOP ends the episode"),
+            && run.stdout.contains("trained: its STOP ends the episode")
+            && run.stdout.contains("nothing to run"),
         "{}",
         run.stdout
+    );
+
+    // A second pass into another folder pools the first one's episodes:
+    // one entry per problem and pass. Passes of another comparison, a
+    // folder pooled twice, or one `compare --live` did not write are
+    // refused before anything is written.
+    let live2 = dir.path().join("live2");
+    let live2_s = live2.to_string_lossy().into_owned();
+    let live_into = |out: &str, more: &[&str]| live_in(out, "2", more);
+    let err = live_into(&live2_s, &["--pool", &live_s]).failure();
+    assert!(
+        err.error.contains("ran with other settings") && !live2.exists(),
+        "{}",
+        err.error
+    );
+    let err = live_into(&live_s, &["--policy-stops", "--pool", &live_s]).failure();
+    assert!(err.error.contains("pooled twice"), "{}", err.error);
+    let not_live = dir.path().to_string_lossy().into_owned();
+    let err = live_into(&live2_s, &["--policy-stops", "--pool", &not_live]).failure();
+    assert!(
+        err.error
+            .contains("--pool takes a folder that `compare --live` wrote"),
+        "{}",
+        err.error
+    );
+    let run = live_into(&live2_s, &["--policy-stops", "--pool", &live_s]).success();
+    assert!(
+        run.stdout.contains("6 episode(s) to run (0 already in")
+            && run.stdout.contains("4 problem run(s) in 2 passes pooled"),
+        "{}",
+        run.stdout
+    );
+    let doc = read_json(&live2.join("compare.json"));
+    assert_eq!(doc["passes"].as_array().unwrap().len(), 2, "{doc}");
+    let rows = doc["problems"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{doc}");
+    for pass in [&live2_s, &live_s] {
+        assert_eq!(
+            rows.iter().filter(|r| r["pass"] == pass.as_str()).count(),
+            2,
+            "{doc}"
+        );
+    }
+    // The settings hold a digest of the checkpoint and the tree: a pass
+    // run with other contents under the same paths is not resumed.
+    let settings2 = live2.join("settings.json");
+    let mut s2 = read_json(&settings2);
+    let digest = s2["inputs"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64, "{s2}");
+    assert_eq!(
+        read_json(&live.join("settings.json"))["inputs"],
+        digest.as_str()
+    );
+    s2["inputs"] = serde_json::json!("0".repeat(64));
+    std::fs::write(&settings2, s2.to_string()).unwrap();
+    let err = live_into(&live2_s, &["--policy-stops"]).failure();
+    assert!(
+        err.error.contains("other settings") && err.error.contains(&digest),
+        "{}",
+        err.error
     );
 
     // Settings are chosen on the validation problems, which

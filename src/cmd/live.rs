@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,7 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use mtmc_planner::store::{RECORDED_H100, Store};
 use mtmc_planner::tree::{self, TreeProblem};
+use sha2::{Digest, Sha256};
 
 use crate::cmd::optimize::ProblemJudge;
 use crate::cmd::plan::{
@@ -55,6 +56,9 @@ pub struct LiveRequest<'a> {
     pub seed: u64,
     /// Let the trained policy's STOP end an episode early.
     pub policy_stops: bool,
+    /// Folders of earlier passes of the same comparison whose finished
+    /// episodes the table pools with this one's.
+    pub pool: &'a [PathBuf],
 }
 
 /// What a live comparison was asked to do, kept in `settings.json`: a
@@ -76,6 +80,35 @@ struct Settings {
     /// reading that timing (false in folders written before).
     #[serde(default)]
     rejudge: bool,
+    /// SHA-256 of what the paths above held ([`inputs_sha256`]), so that
+    /// a pass run with another checkpoint or tree under the same names is
+    /// neither resumed nor pooled as this one (none in folders written
+    /// before).
+    #[serde(default)]
+    inputs: Option<String>,
+}
+
+/// SHA-256 (hex) of a comparison's inputs: the recorded tree of its
+/// problems (each one's name, programs and best) and the checkpoint's
+/// weights.
+fn inputs_sha256(recorded: &[TreeProblem], checkpoint: Option<&Path>) -> Result<String> {
+    let mut h = Sha256::new();
+    for p in recorded {
+        h.update(format!("{}\t{}\t{}\n", p.problem.name, p.evals.len(), p.best()).as_bytes());
+    }
+    if let Some(dir) = checkpoint {
+        for file in ["policy.mpk", "rtg.mpk"] {
+            let path = dir.join(file);
+            if path.is_file() {
+                let bytes = std::fs::read(&path)
+                    .with_context(|| format!("cannot read `{}`", path.display()))?;
+                h.update(file.as_bytes());
+                h.update((bytes.len() as u64).to_le_bytes());
+                h.update(&bytes);
+            }
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `policy_stops` of a `settings.json` that does not name it.
@@ -139,6 +172,52 @@ fn finished(path: &Path) -> Result<(Vec<Finished>, bool)> {
     Ok((done, !text.is_empty() && !text.ends_with('\n')))
 }
 
+/// The finished episodes of each folder in `pool`: earlier passes of the
+/// comparison `settings` describes, written into other folders than `out`.
+fn pooled_passes(
+    out: &Path,
+    pool: &[PathBuf],
+    settings: &Settings,
+) -> Result<Vec<(PathBuf, Vec<Finished>)>> {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    let mut passes: Vec<(PathBuf, Vec<Finished>)> = Vec::new();
+    for dir in pool {
+        if same(dir, out) || passes.iter().any(|(d, _)| same(d, dir)) {
+            bail!(
+                "`{}` is pooled twice (--out counts as one pass): name each earlier pass's folder once",
+                dir.display()
+            );
+        }
+        let path = dir.join("settings.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read `{}`: --pool takes a folder that `compare --live` wrote",
+                path.display()
+            )
+        })?;
+        let theirs: Settings = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "`{}` is not a live comparison's settings: --pool takes a folder that `compare --live` wrote",
+                path.display()
+            )
+        })?;
+        if &theirs != settings {
+            bail!(
+                "`{}` ran with other settings ({}; this run's: {}): pool only passes of the same comparison",
+                dir.display(),
+                text.trim(),
+                serde_json::to_string(settings)?
+            );
+        }
+        let (eps, _) = finished(&dir.join("episodes.jsonl"))?;
+        passes.push((dir.clone(), eps));
+    }
+    Ok(passes)
+}
+
 /// Runs the live comparison and prints its table.
 pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Result<()> {
     let store = Store::open_to_read(req.store)?;
@@ -159,8 +238,6 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         .collect::<Result<Vec<_>>>()
         .context("a recorded problem is not among the KernelBench problems: pass the --kernelbench the tree was recorded from")?;
 
-    std::fs::create_dir_all(req.out_dir)
-        .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
     let settings = Settings {
         trajectories: req.store.display().to_string(),
         budget: req.budget,
@@ -169,7 +246,12 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         seed: req.seed,
         policy_stops: req.policy_stops,
         rejudge: true,
+        inputs: Some(inputs_sha256(&recorded, req.checkpoint)?),
     };
+    // Earlier passes are checked before anything is written.
+    let pooled = pooled_passes(req.out_dir, req.pool, &settings)?;
+    std::fs::create_dir_all(req.out_dir)
+        .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
     let settings_path = req.out_dir.join("settings.json");
     if settings_path.exists() {
         let text = std::fs::read_to_string(&settings_path)
@@ -182,9 +264,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         })?;
         if before != settings {
             bail!(
-                "`{}` holds a live comparison with other settings ({}); ask for the same to resume it, or pass another --out",
+                "`{}` holds a live comparison with other settings ({}; this run's: {}); ask for the same to resume it, or pass another --out",
                 req.out_dir.display(),
-                text.trim()
+                text.trim(),
+                serde_json::to_string(&settings)?
             );
         }
     } else {
@@ -243,7 +326,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         work.len(),
         have.len(),
         episodes_path.display(),
-        if gpu {
+        if work.is_empty() {
+            "nothing to run"
+        } else if gpu {
             "judged on the GPU"
         } else {
             "no GPU: compile only, nothing is run or timed (every speedup is 0)"
@@ -353,36 +438,54 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         bar.finish_and_clear();
     }
 
-    // The table covers the problems every planner finished.
-    let by: BTreeMap<(&str, &str), &Finished> = done
-        .iter()
-        .map(|f| ((f.problem.as_str(), f.planner.as_str()), f))
-        .collect();
-    let complete: Vec<TreeProblem> = recorded
-        .into_iter()
-        .filter(|p| {
-            planners
+    // The table covers, in this pass and each pooled one, the problems
+    // every planner finished: one entry per problem and pass.
+    let mut passes = vec![(req.out_dir.to_path_buf(), done)];
+    passes.extend(pooled);
+    let mut complete: Vec<TreeProblem> = Vec::new();
+    let mut runs: Vec<BTreeMap<&str, &Finished>> = Vec::new();
+    let mut pass_of: Vec<usize> = Vec::new();
+    let mut missing = 0;
+    for (i, (_, eps)) in passes.iter().enumerate() {
+        let by: BTreeMap<(&str, &str), &Finished> = eps
+            .iter()
+            .map(|f| ((f.problem.as_str(), f.planner.as_str()), f))
+            .collect();
+        for p in &recorded {
+            let name = p.problem.name.as_str();
+            let run: Option<BTreeMap<&str, &Finished>> = planners
                 .iter()
-                .all(|(n, _)| by.contains_key(&(p.problem.name.as_str(), n.as_str())))
-        })
-        .collect();
-    let missing = chosen.len() - complete.len();
+                .map(|(n, _)| by.get(&(name, n.as_str())).map(|f| (n.as_str(), *f)))
+                .collect();
+            match run {
+                Some(run) => {
+                    complete.push(p.clone());
+                    runs.push(run);
+                    pass_of.push(i);
+                }
+                None => missing += 1,
+            }
+        }
+    }
     if complete.is_empty() {
         bail!(
             "no problem has a finished episode of every planner yet: run the same command again to resume"
         );
     }
     let complete = Arc::new(complete);
+    let timed = runs.iter().flat_map(|r| r.values()).any(|f| f.best > 0.0);
     let exhaustive: Vec<f64> = complete.iter().map(TreeProblem::best).collect();
     let mut rows = Vec::new();
     let mut per_problem = problem_rows(&complete);
+    if passes.len() > 1 {
+        for (r, &i) in per_problem.iter_mut().zip(&pass_of) {
+            r.pass = Some(passes[i].0.display().to_string());
+        }
+    }
     let mut seconds = 0.0;
     let mut as_found: Vec<(String, f64, usize)> = Vec::new();
     for (planner, _) in &planners {
-        let eps: Vec<&Finished> = complete
-            .iter()
-            .map(|p| by[&(p.problem.name.as_str(), planner.as_str())])
-            .collect();
+        let eps: Vec<&Finished> = runs.iter().map(|r| r[planner.as_str()]).collect();
         // The table reads each best program's second timing where there
         // is one; the first, as found, is the best of several.
         let bests: Vec<f64> = eps
@@ -424,11 +527,26 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     rows.push(exhaustive_row(&complete)?);
     writeln!(
         out,
-        "{} problem(s) ({} split), budget {} evaluations, every planner's programs judged live{}{}; exhaustive: the best of every program recorded in {} (not run again){}",
-        complete.len(),
+        "{} ({} split), budget {} evaluations, every planner's programs judged live{}{}; exhaustive: the best of every program recorded in {} (not run again){}",
+        if passes.len() > 1 {
+            format!(
+                "{} problem run(s) in {} passes pooled ({} and {})",
+                complete.len(),
+                passes.len(),
+                req.out_dir.display(),
+                req.pool
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            format!("{} problem(s)", complete.len())
+        },
         settings.split,
         req.budget,
-        if gpu { "" } else { " (compile only)" },
+        // Episodes judged by compile only have no timing at all.
+        if timed { "" } else { " (compile only)" },
         stopping(req.checkpoint.is_some(), req.policy_stops),
         req.store.display(),
         if missing > 0 {
@@ -453,9 +571,14 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     }
     writeln!(
         out,
-        "{:.0} s of episodes; each episode's steps are in {}",
+        "{:.0} s of episodes; each episode's steps are in {}{}",
         seconds,
-        logs.display()
+        logs.display(),
+        if passes.len() > 1 {
+            " (and in each pooled folder's logs)"
+        } else {
+            ""
+        }
     )?;
     let doc = serde_json::json!({
         "live": true,
@@ -468,6 +591,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .iter()
             .map(|(p, g, _)| (p.clone(), serde_json::json!(g)))
             .collect::<serde_json::Map<_, _>>(),
+        "passes": passes
+            .iter()
+            .map(|(d, _)| d.display().to_string())
+            .collect::<Vec<_>>(),
         "problems_left_out": missing,
         "planners": rows,
         "problems": per_problem,

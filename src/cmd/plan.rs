@@ -1201,6 +1201,10 @@ pub(crate) const NEAR: f64 = 0.9;
 #[derive(serde::Serialize)]
 pub(crate) struct ProblemRow {
     pub(crate) problem: String,
+    /// The live pass (its folder) this row comes from, when passes are
+    /// pooled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pass: Option<String>,
     pub(crate) programs: usize,
     pub(crate) exhaustive: f64,
     pub(crate) planners: std::collections::BTreeMap<String, PlannerResult>,
@@ -1397,6 +1401,7 @@ pub(crate) fn problem_rows(problems: &[TreeProblem]) -> Vec<ProblemRow> {
         .iter()
         .map(|p| ProblemRow {
             problem: p.problem.name.clone(),
+            pass: None,
             programs: p.evals.len(),
             exhaustive: p.best().max(1.0),
             planners: Default::default(),
