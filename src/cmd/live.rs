@@ -476,10 +476,14 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     let timed = runs.iter().flat_map(|r| r.values()).any(|f| f.best > 0.0);
     let exhaustive: Vec<f64> = complete.iter().map(TreeProblem::best).collect();
     let mut rows = Vec::new();
+    let pass_names: Vec<String> = passes
+        .iter()
+        .map(|(d, _)| d.display().to_string())
+        .collect();
     let mut per_problem = problem_rows(&complete);
     if passes.len() > 1 {
         for (r, &i) in per_problem.iter_mut().zip(&pass_of) {
-            r.pass = Some(passes[i].0.display().to_string());
+            r.pass = Some(pass_names[i].clone());
         }
     }
     let mut seconds = 0.0;
@@ -533,12 +537,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                 "{} problem run(s) in {} passes pooled ({} and {})",
                 complete.len(),
                 passes.len(),
-                req.out_dir.display(),
-                req.pool
-                    .iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                pass_names[0],
+                pass_names[1..].join(", ")
             )
         } else {
             format!("{} problem(s)", complete.len())
@@ -591,10 +591,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .iter()
             .map(|(p, g, _)| (p.clone(), serde_json::json!(g)))
             .collect::<serde_json::Map<_, _>>(),
-        "passes": passes
-            .iter()
-            .map(|(d, _)| d.display().to_string())
-            .collect::<Vec<_>>(),
+        "passes": pass_names,
         "problems_left_out": missing,
         "planners": rows,
         "problems": per_problem,
