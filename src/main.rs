@@ -256,6 +256,17 @@ enum Command {
         /// (ARCHITECTURE.md, Reward).
         #[arg(long, default_value_t = 0.0)]
         step_cost: f64,
+        /// PPO's discount per evaluation, in (0, 1]. Below 1 a gain found
+        /// earlier is worth more, which orders the moves most likely to
+        /// pay first.
+        #[arg(long, default_value_t = 0.6, value_parser = parse_gamma)]
+        gamma: f64,
+        /// Policies in the committee: each trained alike with the next
+        /// seed (seed, seed + 1, …); the planner acts on the mean of their
+        /// move probabilities. The first is the checkpoint folder itself,
+        /// the others `member-2`, … inside it.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=64))]
+        members: u32,
         /// Seed (a seeded run is reproducible).
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -460,6 +471,20 @@ impl SubjectArgs {
     }
 }
 
+/// `--gamma`: a discount in (0, 1].
+fn parse_gamma(s: &str) -> std::result::Result<f64, String> {
+    let g: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number: give a discount such as 0.9"))?;
+    if g > 0.0 && g <= 1.0 {
+        Ok(g)
+    } else {
+        Err(format!(
+            "{g} is outside (0, 1]: a discount is above 0 and at most 1"
+        ))
+    }
+}
+
 fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
     let kb = cli.kernelbench.as_deref();
     match cli.command {
@@ -646,6 +671,8 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             hidden,
             lr,
             step_cost,
+            gamma,
+            members,
             seed,
             resume,
             device,
@@ -661,6 +688,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     episodes,
                     max_steps: budget,
                     step_cost,
+                    gamma,
                     hidden,
                     lr,
                     seed,
@@ -668,6 +696,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 },
                 resume,
                 validation,
+                members: members as usize,
             },
         ),
         Command::Compare {

@@ -104,12 +104,27 @@ fn explore_train_compare_and_a_planned_optimize() {
             "8",
             "--hidden",
             "32",
+            "--members",
+            "2",
         ];
         args.extend_from_slice(extra);
         mtmc(&args)
     };
     let run = train("3", &[]).success();
     assert!(run.stdout.contains("iterations 1..3"), "{}", run.stdout);
+    // A committee of two: the second member trains with the next seed in
+    // its own folder, and the checkpoint's meta names it.
+    assert!(
+        run.stdout.contains("a committee of 2 (seeds 1..=2)")
+            && run.stdout.contains("member 2/2 iterations 1..3"),
+        "{}",
+        run.stdout
+    );
+    assert!(ck.join("member-2").join("policy.mpk").is_file());
+    assert_eq!(
+        read_json(&ck.join("meta.json"))["members"],
+        serde_json::json!(["member-2"])
+    );
     for f in [
         "meta.json",
         "policy.mpk",
@@ -129,6 +144,10 @@ fn explore_train_compare_and_a_planned_optimize() {
     // cost is refused before anything is read or written.
     let meta = read_json(&ck.join("train.json"));
     assert_eq!(meta["ppo"]["step_cost"], 0.0, "{meta}");
+    assert_eq!(meta["ppo"]["gamma"], 0.6, "{meta}");
+    assert_eq!(meta["members"][1]["seed"], 2, "{meta}");
+    let err = train("3", &["--gamma", "0"]).failure();
+    assert!(err.error.contains("outside (0, 1]"), "{}", err.error);
     let err = train("3", &["--step-cost=-1"]).failure();
     assert!(
         err.error
@@ -173,6 +192,20 @@ fn explore_train_compare_and_a_planned_optimize() {
         );
     }
     assert!(run.stdout.contains("evals to 90%"), "{}", run.stdout);
+    // A committee copied without its members is refused, naming the one
+    // missing and what to do.
+    let lone = dir.path().join("lone");
+    std::fs::create_dir(&lone).unwrap();
+    for f in ["meta.json", "policy.mpk", "rtg.mpk"] {
+        std::fs::copy(ck.join(f), lone.join(f)).unwrap();
+    }
+    let err = compare(&["--checkpoint", &lone.to_string_lossy()]).failure();
+    assert!(
+        err.error.contains("member `member-2` is missing")
+            && err.error.contains("copy the whole folder"),
+        "{}",
+        err.error
+    );
     // The random episodes helped build these trees: compare says so.
     assert!(
         run.stdout

@@ -5,15 +5,15 @@
 use crate::critique::Limit;
 use crate::episode::Episode;
 use crate::features::Problem;
-use crate::policy::{Cpu, Net};
+use crate::policy::{Committee, Cpu};
 use crate::rng::Rng;
 use crate::space::{ACTIONS, BLOCKS, GRAPHS, Move, Slot, VECTORS};
 use mtmc_env::outcome::Status;
 
 /// Which planner picks the moves.
 pub enum Planner {
-    /// The trained policy: its most likely legal move.
-    Trained(Box<Net<Cpu>>),
+    /// The trained policy (or committee): its most likely legal move.
+    Trained(Box<Committee<Cpu>>),
     /// A legal move other than stop, uniformly (stop when none is left).
     Random(Rng),
     /// Hand-written rules.
@@ -52,7 +52,7 @@ impl Planner {
         }
         match self {
             Planner::Trained(net) => {
-                let (p, _) = net.act(obs, mask, &Default::default());
+                let p = net.act(obs, mask, &Default::default());
                 p.iter()
                     .enumerate()
                     .max_by(|a, b| a.1.total_cmp(b.1))

@@ -182,6 +182,49 @@ pub struct Meta {
     pub seed: u64,
     /// The planner's version (crate version and iteration).
     pub version: String,
+    /// The other members of a committee (`mtmc train --members`):
+    /// checkpoint folders inside this one, trained with other seeds. The
+    /// committee acts on the mean of its members' probabilities.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
+}
+
+/// The trained planner's policy: one network, or a committee of networks
+/// trained alike with different seeds, acting on the mean of their
+/// move probabilities (which evens out what one seed's training happened
+/// to prefer).
+pub struct Committee<B: Backend> {
+    nets: Vec<Net<B>>,
+}
+
+impl<B: Backend> Committee<B> {
+    /// A committee of `nets` (not empty).
+    pub fn new(nets: Vec<Net<B>>) -> Committee<B> {
+        assert!(!nets.is_empty(), "a committee has a member");
+        Committee { nets }
+    }
+
+    /// How many networks it has.
+    pub fn len(&self) -> usize {
+        self.nets.len()
+    }
+
+    /// Never: a committee has a member.
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+
+    /// The mean of the members' move probabilities over the legal moves.
+    pub fn act(&self, obs: &[f32], mask: &[bool; ACTIONS], device: &B::Device) -> Vec<f32> {
+        let mut mean = vec![0.0f32; ACTIONS];
+        for net in &self.nets {
+            let (p, _) = net.act(obs, mask, device);
+            mean.iter_mut().zip(p).for_each(|(m, x)| *m += x);
+        }
+        let n = self.nets.len() as f32;
+        mean.iter_mut().for_each(|m| *m /= n);
+        mean
+    }
 }
 
 /// Checkpoint files in a directory: `meta.json`, `policy.mpk`, and
@@ -297,6 +340,44 @@ impl Checkpoint {
             .load_file(self.dir.join("policy"), &DefaultRecorder::new(), device)
             .map_err(|e| self.io(format!("cannot read policy.mpk: {e}")))?;
         Ok((net, meta))
+    }
+
+    /// Loads the policy with the committee's other members, if it has
+    /// any (for acting: any backend).
+    pub fn load_committee<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<(Committee<B>, Meta), CheckpointError> {
+        let (net, meta) = self.load::<B>(device)?;
+        let mut nets = vec![net];
+        for m in &meta.members {
+            let member = Checkpoint::at(&self.dir.join(m));
+            if !member.exists() {
+                return Err(self.io(format!(
+                    "its member `{m}` is missing: copy the whole folder, or train it again with `mtmc train --resume`"
+                )));
+            }
+            nets.push(member.load::<B>(device)?.0);
+        }
+        Ok((Committee::new(nets), meta))
+    }
+
+    /// The weight files of the policy and its committee's members, in
+    /// order (what a digest of the checkpoint reads).
+    pub fn policy_files(&self) -> Result<Vec<PathBuf>, CheckpointError> {
+        let meta = self.meta()?;
+        Ok(std::iter::once(self.dir.clone())
+            .chain(meta.members.iter().map(|m| self.dir.join(m)))
+            .map(|d| d.join("policy.mpk"))
+            .collect())
+    }
+
+    /// Rewrites `meta.json` alone (under a temporary name, then renamed).
+    pub fn write_meta(&self, meta: &Meta) -> Result<(), CheckpointError> {
+        let text = serde_json::to_string_pretty(meta).map_err(|e| self.io(e))? + "\n";
+        let tmp = self.dir.join("meta.tmp");
+        std::fs::write(&tmp, text).map_err(|e| self.io(e))?;
+        std::fs::rename(&tmp, self.dir.join("meta.json")).map_err(|e| self.io(e))
     }
 
     /// Loads the optimizer's record, if one was saved.

@@ -198,6 +198,7 @@ fn train_with<B: AutodiffBackend>(
             iteration: it + 1,
             seed: config.seed,
             version: format!("{}+it{}", env!("CARGO_PKG_VERSION"), it + 1),
+            members: Vec::new(),
         };
         ck.save(&ppo.net, Some(ppo.optim.to_record()), &meta)?;
         write_curves(dir, &rows)?;

@@ -181,6 +181,7 @@ fn ppo_learns_the_best_programs_of_a_synthetic_tree() {
         iteration: 40,
         seed: config.seed,
         version: "test".into(),
+        members: Vec::new(),
     };
     ck.save(&ppo.acting(), None::<()>, &meta).unwrap();
     let (loaded, back) = ck.load::<Cpu>(&device).unwrap();
@@ -189,7 +190,32 @@ fn ppo_learns_the_best_programs_of_a_synthetic_tree() {
     let obs = burn::rl::Environment::state(&env);
     let (p0, v0) = ppo.acting().act(&obs.features, &obs.mask, &device);
     let (p1, v1) = loaded.act(&obs.features, &obs.mask, &device);
-    assert_eq!((p0, v0), (p1, v1));
+    assert_eq!((p0.clone(), v0), (p1, v1));
+
+    // A committee: the trained policy and an untrained one in `member-2`
+    // act on the mean of their probabilities; a missing member is named.
+    let other = mtmc_planner::policy::Net::<Cpu>::new(config.hidden, 99, &device);
+    Checkpoint::at(&dir.path().join("member-2"))
+        .save(&other, None::<()>, &meta)
+        .unwrap();
+    ck.write_meta(&Meta {
+        members: vec!["member-2".into()],
+        ..meta.clone()
+    })
+    .unwrap();
+    let (committee, back) = ck.load_committee::<Cpu>(&device).unwrap();
+    assert_eq!((committee.len(), back.members.len()), (2, 1));
+    let (q, _) = other.act(&obs.features, &obs.mask, &device);
+    let mean = committee.act(&obs.features, &obs.mask, &device);
+    assert!(q.iter().zip(&p0).any(|(a, b)| (a - b).abs() > 1e-3));
+    for ((m, a), b) in mean.iter().zip(&p0).zip(&q) {
+        assert!((m - (a + b) / 2.0).abs() < 1e-6, "{m} against {a} and {b}");
+    }
+    let files = ck.policy_files().unwrap();
+    assert_eq!(files[1], dir.path().join("member-2").join("policy.mpk"));
+    std::fs::remove_dir_all(dir.path().join("member-2")).unwrap();
+    let err = ck.load_committee::<Cpu>(&device).err().unwrap().to_string();
+    assert!(err.contains("member `member-2` is missing"), "{err}");
 }
 
 #[test]

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use mtmc_planner::policy::Checkpoint;
 use mtmc_planner::store::{RECORDED_H100, Store};
 use mtmc_planner::tree::{self, TreeProblem};
 use sha2::{Digest, Sha256};
@@ -97,12 +98,16 @@ fn inputs_sha256(recorded: &[TreeProblem], checkpoint: Option<&Path>) -> Result<
         h.update(format!("{}\t{}\t{}\n", p.problem.name, p.evals.len(), p.best()).as_bytes());
     }
     if let Some(dir) = checkpoint {
-        for file in ["policy.mpk", "rtg.mpk"] {
-            let path = dir.join(file);
+        let mut files = Checkpoint::at(dir).policy_files()?;
+        files.push(dir.join("rtg.mpk"));
+        for path in files {
             if path.is_file() {
                 let bytes = std::fs::read(&path)
                     .with_context(|| format!("cannot read `{}`", path.display()))?;
-                h.update(file.as_bytes());
+                // Named relative to the folder, as folders written before
+                // committees named their two files.
+                let name = path.strip_prefix(dir).unwrap_or(&path);
+                h.update(name.to_string_lossy().as_bytes());
                 h.update((bytes.len() as u64).to_le_bytes());
                 h.update(&bytes);
             }

@@ -108,7 +108,7 @@ impl Choice {
                 policy_stops: false,
             },
             Choice::Trained(dir) => {
-                let (net, meta) = Checkpoint::at(dir).load::<Cpu>(&Default::default())?;
+                let (net, meta) = Checkpoint::at(dir).load_committee::<Cpu>(&Default::default())?;
                 Loaded {
                     planner: Planner::Trained(Box::new(net)),
                     rtg: mtmc_planner::rtg::load(dir).map_err(anyhow::Error::msg)?,
@@ -154,7 +154,7 @@ impl Loaded {
             return self.planner.choose(p, e, obs, mask);
         };
         let device = Default::default();
-        let (probs, _) = net.act(obs, mask, &device);
+        let probs = net.act(obs, mask, &device);
         let score = |i: usize| self.rtg.as_ref().map(|rtg| rtg.score(obs, i, &device));
         trained_move(&probs, mask, self.policy_stops, score)
     }
@@ -1040,6 +1040,8 @@ pub struct TrainRequest<'a> {
     pub device: mtmc_planner::policy::Device,
     /// Leave the validation problems out too.
     pub validation: bool,
+    /// Policies in the committee (1: one policy).
+    pub members: usize,
 }
 
 /// Trains the policy on the training problems' recorded tree, then the
@@ -1067,17 +1069,23 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         );
     }
     let checkpoint = Checkpoint::at(req.out_dir);
-    let resume = req.resume && checkpoint.exists();
     if !req.resume && checkpoint.exists() {
         bail!(
             "`{}` already holds a checkpoint: pass --resume to continue it, or another --out",
             req.out_dir.display()
         );
     }
+    let members = req.members.max(1);
+    // Member k (1-based) trains with seed + k - 1; the first is the
+    // folder itself.
+    let member_dir = |k: usize| match k {
+        1 => req.out_dir.to_path_buf(),
+        _ => req.out_dir.join(format!("member-{k}")),
+    };
     let transitions: usize = train.iter().map(|p| p.evals.len()).sum();
     writeln!(
         out,
-        "train: {} training problem(s) ({} recorded programs), {} held out{}; {} iteration(s) of {} episodes on the {}{}",
+        "train: {} training problem(s) ({} recorded programs), {} held out{}; {} iteration(s) of {} episodes on the {}, discount {}{}{}",
         train.len(),
         transitions,
         test.len(),
@@ -1089,49 +1097,94 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         req.iterations,
         req.ppo.episodes,
         req.device.name(),
-        if resume { ", resuming" } else { "" }
+        req.ppo.gamma,
+        if members > 1 {
+            format!(
+                "; a committee of {members} (seeds {}..={})",
+                req.ppo.seed,
+                req.ppo.seed + members as u64 - 1
+            )
+        } else {
+            String::new()
+        },
+        if req.resume && checkpoint.exists() {
+            ", resuming"
+        } else {
+            ""
+        }
     )?;
-    let bar = ProgressBar::new(req.iterations as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
-            .expect("a valid template"),
-    );
+    let train = Arc::new(train);
     let t0 = Instant::now();
-    let rows = mtmc_planner::train::train(
-        req.device,
-        mtmc_planner::train::Run {
-            problems: Arc::new(train),
-            config: &req.ppo,
-            iterations: req.iterations,
-            dir: req.out_dir,
-            resume,
-        },
-        |r| {
-            bar.set_position(r.iteration as u64);
-            bar.set_message(format!(
-                "return {:.3}, best {:.3}x, entropy {:.3}",
-                r.mean_return, r.best_speedup, r.entropy
-            ));
-        },
-    )?;
-    bar.finish_and_clear();
-    let seconds = t0.elapsed().as_secs_f64();
-    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
-        writeln!(
-            out,
-            "iterations {}..{}: mean return {:.3} -> {:.3}, best speedup (geomean) {:.3}x -> {:.3}x, entropy {:.3} -> {:.3}, value loss {:.4} -> {:.4}",
-            first.iteration,
-            last.iteration,
-            first.mean_return,
-            last.mean_return,
-            first.best_speedup,
-            last.best_speedup,
-            first.entropy,
-            last.entropy,
-            first.value_loss,
-            last.value_loss
+    let mut finals = Vec::new();
+    let mut rows = Vec::new();
+    for k in 1..=members {
+        let dir = member_dir(k);
+        let ppo = mtmc_planner::ppo::PpoConfig {
+            seed: req.ppo.seed + k as u64 - 1,
+            ..req.ppo.clone()
+        };
+        let bar = ProgressBar::new(req.iterations as u64);
+        let prefix = if members > 1 {
+            format!("member {k}/{members} ")
+        } else {
+            String::new()
+        };
+        bar.set_style(
+            ProgressStyle::with_template(&format!(
+                "{prefix}{{bar:30}} {{pos}}/{{len}} [{{elapsed}} < {{eta}}] {{msg}}"
+            ))
+            .expect("a valid template"),
+        );
+        let member_rows = mtmc_planner::train::train(
+            req.device,
+            mtmc_planner::train::Run {
+                problems: train.clone(),
+                config: &ppo,
+                iterations: req.iterations,
+                dir: &dir,
+                resume: req.resume && Checkpoint::at(&dir).exists(),
+            },
+            |r| {
+                bar.set_position(r.iteration as u64);
+                bar.set_message(format!(
+                    "return {:.3}, best {:.3}x, entropy {:.3}",
+                    r.mean_return, r.best_speedup, r.entropy
+                ));
+            },
         )?;
+        bar.finish_and_clear();
+        if let (Some(first), Some(last)) = (member_rows.first(), member_rows.last()) {
+            writeln!(
+                out,
+                "{prefix}iterations {}..{}: mean return {:.3} -> {:.3}, best speedup (geomean) {:.3}x -> {:.3}x, entropy {:.3} -> {:.3}, value loss {:.4} -> {:.4}",
+                first.iteration,
+                last.iteration,
+                first.mean_return,
+                last.mean_return,
+                first.best_speedup,
+                last.best_speedup,
+                first.entropy,
+                last.entropy,
+                first.value_loss,
+                last.value_loss
+            )?;
+        }
+        finals.push(serde_json::json!({
+            "folder": dir.display().to_string(),
+            "seed": ppo.seed,
+            "last": member_rows.last(),
+        }));
+        if k == 1 {
+            rows = member_rows;
+        }
     }
+    // The folder's meta names the other members once all are trained.
+    if checkpoint.exists() {
+        let mut meta = checkpoint.meta()?;
+        meta.members = (2..=members).map(|k| format!("member-{k}")).collect();
+        checkpoint.write_meta(&meta)?;
+    }
+    let seconds = t0.elapsed().as_secs_f64();
     // The reward-to-go model: fitted on the training problems' steps,
     // ranked on the held-out ones'.
     let steps = store.steps()?;
@@ -1160,6 +1213,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         "iterations": rows.len(),
         "seconds": seconds,
         "ppo": req.ppo,
+        "members": finals,
         "reward_to_go": ranking,
         "curves": rows,
     });
@@ -1168,8 +1222,13 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         .with_context(|| format!("cannot write `{}`", path.display()))?;
     writeln!(
         out,
-        "wrote {}: policy.mpk, optimizer.mpk, rtg.mpk, curves.csv, curves.svg, train.json ({seconds:.1} s)",
-        req.out_dir.display()
+        "wrote {}: policy.mpk, optimizer.mpk, rtg.mpk, curves.csv, curves.svg, train.json{} ({seconds:.1} s)",
+        req.out_dir.display(),
+        if members > 1 {
+            format!(", and members member-2..member-{members} (each its own policy and curves)")
+        } else {
+            String::new()
+        }
     )?;
     Ok(())
 }
