@@ -357,7 +357,14 @@ impl Checkpoint {
                     "its member `{m}` is missing: copy the whole folder, or train it again with `mtmc train --resume`"
                 )));
             }
-            nets.push(member.load::<B>(device)?.0);
+            let (net, m_meta) = member.load::<B>(device)?;
+            if m_meta.iteration != meta.iteration {
+                return Err(self.io(format!(
+                    "its member `{m}` has trained {} of {} iterations: finish it with `mtmc train --resume`",
+                    m_meta.iteration, meta.iteration
+                )));
+            }
+            nets.push(net);
         }
         Ok((Committee::new(nets), meta))
     }

@@ -211,6 +211,19 @@ fn ppo_learns_the_best_programs_of_a_synthetic_tree() {
     for ((m, a), b) in mean.iter().zip(&p0).zip(&q) {
         assert!((m - (a + b) / 2.0).abs() < 1e-6, "{m} against {a} and {b}");
     }
+    // A member trained for fewer iterations than the folder (a committee
+    // cut short) is refused.
+    Checkpoint::at(&dir.path().join("member-2"))
+        .write_meta(&Meta {
+            iteration: 7,
+            ..meta.clone()
+        })
+        .unwrap();
+    let err = ck.load_committee::<Cpu>(&device).err().unwrap().to_string();
+    assert!(
+        err.contains("`member-2` has trained 7 of 40 iterations") && err.contains("--resume"),
+        "{err}"
+    );
     let files = ck.policy_files().unwrap();
     assert_eq!(files[1], dir.path().join("member-2").join("policy.mpk"));
     std::fs::remove_dir_all(dir.path().join("member-2")).unwrap();

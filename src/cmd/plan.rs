@@ -1176,13 +1176,16 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         }));
         if k == 1 {
             rows = member_rows;
+            // The folder's meta names the other members as soon as the
+            // first is trained (the first's training writes a meta of its
+            // own): a committee cut short is refused until `--resume`
+            // finishes it, rather than acting as its first member alone.
+            if checkpoint.exists() {
+                let mut meta = checkpoint.meta()?;
+                meta.members = (2..=members).map(|k| format!("member-{k}")).collect();
+                checkpoint.write_meta(&meta)?;
+            }
         }
-    }
-    // The folder's meta names the other members once all are trained.
-    if checkpoint.exists() {
-        let mut meta = checkpoint.meta()?;
-        meta.members = (2..=members).map(|k| format!("member-{k}")).collect();
-        checkpoint.write_meta(&meta)?;
     }
     let seconds = t0.elapsed().as_secs_f64();
     // The reward-to-go model: fitted on the training problems' steps,
