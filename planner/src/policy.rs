@@ -318,19 +318,17 @@ impl Checkpoint {
                 .record(o, self.dir.join("optimizer.tmp"))
                 .map_err(|e| self.io(format!("cannot write the optimizer: {e}")))?;
         }
-        let meta_text = serde_json::to_string_pretty(meta).map_err(|e| self.io(e))? + "\n";
-        std::fs::write(self.dir.join("meta.tmp"), meta_text).map_err(|e| self.io(e))?;
         for (from, to) in [
             ("policy.tmp.mpk", "policy.mpk"),
             ("optimizer.tmp.mpk", "optimizer.mpk"),
-            ("meta.tmp", "meta.json"),
         ] {
             let from = self.dir.join(from);
             if from.exists() {
                 std::fs::rename(&from, self.dir.join(to)).map_err(|e| self.io(e))?;
             }
         }
-        Ok(())
+        // The meta last: it says the weights beside it are whole.
+        self.write_meta(meta)
     }
 
     /// Loads the network (for acting: any backend).

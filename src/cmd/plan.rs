@@ -108,9 +108,10 @@ impl Choice {
                 policy_stops: false,
             },
             Choice::Trained(dir) => {
-                let (net, meta) = Checkpoint::at(dir).load_committee::<Cpu>(&Default::default())?;
+                let (policy, meta) =
+                    Checkpoint::at(dir).load_committee::<Cpu>(&Default::default())?;
                 Loaded {
-                    planner: Planner::Trained(Box::new(net)),
+                    planner: Planner::Trained(Box::new(policy)),
                     rtg: mtmc_planner::rtg::load(dir).map_err(anyhow::Error::msg)?,
                     version: meta.version,
                     policy_stops: false,
@@ -1078,9 +1079,10 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     let members = req.members.max(1);
     // Member k (1-based) trains with seed + k - 1; the first is the
     // folder itself.
+    let member_name = |k: usize| format!("member-{k}");
     let member_dir = |k: usize| match k {
         1 => req.out_dir.to_path_buf(),
-        _ => req.out_dir.join(format!("member-{k}")),
+        _ => req.out_dir.join(member_name(k)),
     };
     let transitions: usize = train.iter().map(|p| p.evals.len()).sum();
     writeln!(
@@ -1182,7 +1184,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
             // finishes it, rather than acting as its first member alone.
             if checkpoint.exists() {
                 let mut meta = checkpoint.meta()?;
-                meta.members = (2..=members).map(|k| format!("member-{k}")).collect();
+                meta.members = (2..=members).map(member_name).collect();
                 checkpoint.write_meta(&meta)?;
             }
         }
