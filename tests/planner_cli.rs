@@ -635,6 +635,15 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     for p in ["trained", "random", "greedy"] {
         assert!(geomean(p) <= best + 1e-9, "{p}: {}", run.stdout);
     }
+    // The ratios line reads the table: trained against random and greedy,
+    // and the bound exhaustive search puts on any gain over random.
+    let ratios = format!(
+        "ratios: trained / random {:.3}x, trained / greedy {:.3}x; exhaustive / random {:.3}x",
+        geomean("trained") / geomean("random"),
+        geomean("trained") / geomean("greedy"),
+        best / geomean("random"),
+    );
+    assert!(run.stdout.contains(&ratios), "{ratios}\n{}", run.stdout);
     assert_eq!(
         std::fs::read(&tree).unwrap(),
         before,

@@ -560,7 +560,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             String::new()
         }
     )?;
-    print_table(out, &rows)?;
+    print_table(out, &rows, false)?;
     let again: usize = as_found.iter().map(|a| a.2).sum();
     if again > 0 {
         writeln!(

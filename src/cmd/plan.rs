@@ -1420,7 +1420,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             " (the programs episodes of {by} reached)"
         ))
     )?;
-    print_table(out, &rows)?;
+    print_table(out, &rows, true)?;
     if let Some(path) = json {
         let doc = serde_json::json!({
             "split": format!("{split:?}").to_lowercase(),
@@ -1498,7 +1498,10 @@ pub(crate) fn exhaustive_row(problems: &Arc<Vec<TreeProblem>>) -> Result<Row> {
 }
 
 /// Prints the comparison table, one row per planner.
-pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row]) -> Result<()> {
+/// Prints the comparison's table, then its ratios ([`ratios`]); `bound`:
+/// whether the exhaustive row was replayed on the same outcomes as the
+/// others, so that it bounds them (not so in a live comparison).
+pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row], bound: bool) -> Result<()> {
     writeln!(
         out,
         "{:<11} {:>9} {:>8} {:>12} {:>14} {:>12} {:>13}",
@@ -1527,7 +1530,35 @@ pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row]) -> Result<
         out,
         "reached 90%: episodes whose best came within 90 % of the problem's exhaustive best; evals to 90%: the evaluations that took, on average over those"
     )?;
+    if let Some(line) = ratios(rows, bound) {
+        writeln!(out, "{line}")?;
+    }
     Ok(())
+}
+
+/// The geomean ratios a comparison is read by: trained against random and
+/// greedy, and (with `bound`) the exhaustive best against random, which
+/// bounds what any planner can gain over random on the replayed programs.
+/// `None` without a trained and a random row.
+fn ratios(rows: &[Row], bound: bool) -> Option<String> {
+    let geomean = |name: &str| {
+        rows.iter()
+            .find(|r| r.planner == name)
+            .map(|r| r.geomean_speedup)
+            .filter(|g| *g > 0.0)
+    };
+    let (trained, random) = (geomean("trained")?, geomean("random")?);
+    let mut line = format!("ratios: trained / random {:.3}x", trained / random);
+    if let Some(greedy) = geomean("greedy") {
+        line += &format!(", trained / greedy {:.3}x", trained / greedy);
+    }
+    if let Some(exhaustive) = geomean("exhaustive").filter(|_| bound) {
+        line += &format!(
+            "; exhaustive / random {:.3}x (the best recorded program against random: no planner gains more over random on these programs)",
+            exhaustive / random
+        );
+    }
+    Some(line)
 }
 
 /// The planners with episodes of the problems `names`, each with how many
