@@ -1497,8 +1497,7 @@ pub(crate) fn exhaustive_row(problems: &Arc<Vec<TreeProblem>>) -> Result<Row> {
     ))
 }
 
-/// Prints the comparison table, one row per planner.
-/// Prints the comparison's table, then its ratios ([`ratios`]); `bound`:
+/// Prints the comparison's table, one row per planner, then its ratios ([`ratios`]); `bound`:
 /// whether the exhaustive row was replayed on the same outcomes as the
 /// others, so that it bounds them (not so in a live comparison).
 pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row], bound: bool) -> Result<()> {
@@ -1539,7 +1538,7 @@ pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row], bound: boo
 /// The geomean ratios a comparison is read by: trained against random and
 /// greedy, and (with `bound`) the exhaustive best against random, which
 /// bounds what any planner can gain over random on the replayed programs.
-/// `None` without a trained and a random row.
+/// `None` without a random row or with nothing to set against it.
 fn ratios(rows: &[Row], bound: bool) -> Option<String> {
     let geomean = |name: &str| {
         rows.iter()
@@ -1547,18 +1546,22 @@ fn ratios(rows: &[Row], bound: bool) -> Option<String> {
             .map(|r| r.geomean_speedup)
             .filter(|g| *g > 0.0)
     };
-    let (trained, random) = (geomean("trained")?, geomean("random")?);
-    let mut line = format!("ratios: trained / random {:.3}x", trained / random);
-    if let Some(greedy) = geomean("greedy") {
-        line += &format!(", trained / greedy {:.3}x", trained / greedy);
+    let random = geomean("random")?;
+    let mut parts = Vec::new();
+    if let Some(trained) = geomean("trained") {
+        let mut part = format!("trained / random {:.3}x", trained / random);
+        if let Some(greedy) = geomean("greedy") {
+            part += &format!(", trained / greedy {:.3}x", trained / greedy);
+        }
+        parts.push(part);
     }
     if let Some(exhaustive) = geomean("exhaustive").filter(|_| bound) {
-        line += &format!(
-            "; exhaustive / random {:.3}x (the best recorded program against random: no planner gains more over random on these programs)",
+        parts.push(format!(
+            "exhaustive / random {:.3}x (the best recorded program against random: no planner gains more over random on these programs)",
             exhaustive / random
-        );
+        ));
     }
-    Some(line)
+    (!parts.is_empty()).then(|| format!("ratios: {}", parts.join("; ")))
 }
 
 /// The planners with episodes of the problems `names`, each with how many
