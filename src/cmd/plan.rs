@@ -1230,7 +1230,11 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         "wrote {}: policy.mpk, optimizer.mpk, rtg.mpk, curves.csv, curves.svg, train.json{} ({seconds:.1} s)",
         req.out_dir.display(),
         if members > 1 {
-            format!(", and members member-2..member-{members} (each its own policy and curves)")
+            format!(
+                ", and members {}..{} (each its own policy and curves)",
+                member_name(2),
+                member_name(members)
+            )
         } else {
             String::new()
         }
@@ -1497,9 +1501,10 @@ pub(crate) fn exhaustive_row(problems: &Arc<Vec<TreeProblem>>) -> Result<Row> {
     ))
 }
 
-/// Prints the comparison's table, one row per planner, then its ratios ([`ratios`]); `bound`:
-/// whether the exhaustive row was replayed on the same outcomes as the
-/// others, so that it bounds them (not so in a live comparison).
+/// Prints the comparison's table, one row per planner, then its ratios
+/// ([`ratios`]); `bound`: whether the exhaustive row was replayed on the
+/// same outcomes as the others, so that it bounds them (not so in a live
+/// comparison).
 pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row], bound: bool) -> Result<()> {
     writeln!(
         out,
