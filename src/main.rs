@@ -225,6 +225,13 @@ enum Command {
         /// Seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// With --planner exhaustive: evaluate, up to --budget per episode,
+        /// the programs one move of this kind makes from a recorded correct
+        /// program and that are not recorded yet, the fastest parents
+        /// first (repeatable: call_library, custom_kernel, fuse, split,
+        /// retile, vectorize, rewrite).
+        #[arg(long, value_name = "KIND")]
+        beyond: Vec<String>,
     },
     /// Train the planner with PPO on the recorded trajectory tree (no GPU
     /// needed), then the reward-to-go model; write the checkpoint, curves
@@ -647,6 +654,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             trajectories,
             timeout,
             seed,
+            beyond,
         } => cmd::plan::explore(
             out,
             cmd::plan::ExploreRequest {
@@ -660,6 +668,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 store: &trajectories,
                 timeout: std::time::Duration::from_secs(timeout),
                 seed,
+                beyond: &beyond,
             },
         ),
         Command::Train {

@@ -678,3 +678,122 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     );
     assert!(!missing.exists());
 }
+
+/// `explore --planner exhaustive --beyond KIND` judges the programs one
+/// such move past the recorded correct ones: on a copy of the shipped
+/// tree, two rewrite moves from L2/19's recorded programs, each a new
+/// program recorded as a second step; a finished problem is skipped, and
+/// other planners or kinds are refused.
+#[test]
+fn explore_beyond_judges_the_programs_one_move_past_the_recorded_ones() {
+    use mtmc_planner::space::Move;
+    use std::io::Read as _;
+    let dir = tempfile::tempdir().unwrap();
+    let tree =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100);
+    let mut plain = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&tree).unwrap())
+        .read_to_end(&mut plain)
+        .unwrap();
+    let store = dir.path().join("traj.sqlite");
+    std::fs::write(&store, plain).unwrap();
+    let store_s = store.to_string_lossy().into_owned();
+    let problem = "L2/19_ConvTranspose2d_GELU_GroupNorm";
+    let (before, steps_before, done_before) = {
+        let s = mtmc_planner::store::Store::open(&store).unwrap();
+        let done = s.finished_episodes("exhaustive-beyond").unwrap();
+        (
+            s.evaluations(problem).unwrap(),
+            s.steps().unwrap().len(),
+            done.get(problem).copied().unwrap_or(0),
+        )
+    };
+    let episodes = (done_before + 1).to_string();
+    let explore = |planner: &str, kind: &str| {
+        mtmc(&[
+            "--kernelbench",
+            &shared_jsonl(),
+            "explore",
+            "L2/19",
+            "--split",
+            "all",
+            "--planner",
+            planner,
+            "--beyond",
+            kind,
+            "--episodes",
+            &episodes,
+            "--budget",
+            "2",
+            "--trajectories",
+            &store_s,
+        ])
+    };
+    let run = explore("exhaustive", "rewrite").success();
+    assert!(
+        run.stdout.contains(
+            "planner exhaustive-beyond (one rewrite move beyond the recorded programs), budget 2"
+        ) && run.stdout.contains("in 2 evaluation(s)"),
+        "{}",
+        run.stdout
+    );
+    let s = mtmc_planner::store::Store::open(&store).unwrap();
+    let after = s.evaluations(problem).unwrap();
+    let new: Vec<&String> = after.keys().filter(|k| !before.contains_key(*k)).collect();
+    assert_eq!(new.len(), 2, "{new:?}");
+    // Each new program is a recorded program's configuration on another
+    // graph: the same launch settings, another graph suffix.
+    for key in &new {
+        let launch = |k: &str| {
+            k.split(' ')
+                .filter(|w| w.starts_with('b') || w.starts_with('v'))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let graph = |k: &str| k.split_once(" rw").map(|(_, g)| g.to_string());
+        assert!(
+            before
+                .iter()
+                .any(|(k, d)| d.status == mtmc_env::outcome::Status::Correct
+                    && launch(k) == launch(key)
+                    && graph(k) != graph(key)),
+            "{key} is no rewrite of a recorded correct program"
+        );
+        assert_eq!(
+            after[*key].status,
+            mtmc_env::outcome::Status::CompiledOnly,
+            "{key}"
+        );
+    }
+    let steps = s.steps().unwrap();
+    assert_eq!(steps.len(), steps_before + 2);
+    for st in &steps[steps_before..] {
+        assert_eq!(st.problem, problem);
+        assert_eq!(Move::from_index(st.action).kind(), "rewrite");
+        assert_eq!(st.step, 1, "observed as the step after the parent");
+    }
+    assert_eq!(
+        s.finished_episodes("exhaustive-beyond").unwrap()[problem],
+        done_before + 1
+    );
+    drop(s);
+    let again = explore("exhaustive", "rewrite").success();
+    assert!(
+        again.stdout.contains("0 episode(s) to run"),
+        "{}",
+        again.stdout
+    );
+
+    let err = explore("random", "rewrite").failure();
+    assert!(
+        err.error.contains("add --planner exhaustive"),
+        "{}",
+        err.error
+    );
+    let err = explore("exhaustive", "tile").failure();
+    assert!(
+        err.error.contains("--beyond tile: not an action kind") && err.error.contains("rewrite"),
+        "{}",
+        err.error
+    );
+}

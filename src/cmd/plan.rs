@@ -729,22 +729,17 @@ impl<'a> Judging<'a> {
 /// first), up to `budget` of them, each recorded as a step from the
 /// program it was reached from. It builds the complete trajectory tree of
 /// small problems, against which the other planners are compared.
-#[allow(clippy::too_many_arguments)]
 pub fn enumerate_problem(
     out: &mut dyn std::io::Write,
     p: &mtmc_actions::problem::Problem,
     g: &OpGraph,
     judge: &mut ProblemJudge,
     budget: usize,
-    store: &mut Store,
-    version: &str,
-    seed: u64,
+    rec: &mut Recording<'_>,
 ) -> Result<EpisodeResult> {
     let mut j = Judging::new(p, g, judge)?;
-    let problem = j.problem.clone();
-    store.put_problem(&problem)?;
-    let prior = store.prior(&problem.pattern, &problem.name)?;
-    let id = store.begin_episode(&problem.name, "exhaustive", version, seed)?;
+    let open = rec.begin(&j, "exhaustive")?;
+    let (problem, prior) = (&open.problem, &open.prior);
     let reward = Reward::default();
     let mut e = Episode::new(problem.shape, budget);
     let start = Config::library(problem.shape);
@@ -764,15 +759,15 @@ pub fn enumerate_problem(
             .iter()
             .map(|(_, m, next)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
             .collect();
-        let judged = j.evaluate(Some(&*store), &asked)?;
+        let judged = j.evaluate(Some(&*rec.store), &asked)?;
         for ((ev, (parent, m, next)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
             e.config = parent.clone();
-            let obs = observe(&problem, &e, &prior);
+            let obs = observe(problem, &e, prior);
             let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
             bests.push(e.best_speedup());
-            writeln!(out, "  {label}: {} (reward {r:+.3})", ev.diagnosis.text())?;
-            let record = ev.step(id, &e, parent.key(), obs, m, &next, r, started)?;
-            store.add_step(&problem, version, &record)?;
+            rec.step(
+                out, &open, ev, &e, &parent, m, &next, label, r, obs, started,
+            )?;
             for m in Move::all().filter(|&m| m != Move::Stop) {
                 if let Some(c) = next.apply(m, problem.shape)
                     && queued.insert(c.key())
@@ -782,14 +777,203 @@ pub fn enumerate_problem(
             }
         }
     }
-    store.end_episode(id, e.best_speedup())?;
-    Ok(EpisodeResult {
-        best: e.best_speedup(),
-        evaluations: e.step,
-        bests,
-        wrote: j.found.best.is_some(),
-        rejudged: None,
-    })
+    rec.end(&j, &open, e.best_speedup(), e.step, bests)
+}
+
+/// The names of the action kinds `explore --beyond` takes.
+pub const KINDS: [&str; 7] = [
+    "call_library",
+    "custom_kernel",
+    "fuse",
+    "split",
+    "retile",
+    "vectorize",
+    "rewrite",
+];
+
+/// The planner name `explore --beyond` records its episodes under.
+pub const BEYOND: &str = "exhaustive-beyond";
+
+/// Evaluates up to `budget` programs that one move of `kinds` makes from a
+/// recorded correct program of `p` and that the store has no outcome for:
+/// the parents fastest first, each parent's moves in index order. The
+/// recorded programs are those reached from the library program through
+/// recorded programs. Each evaluation is one step of a `BEYOND` episode,
+/// observed and rewarded as the second step of an episode whose best so
+/// far is the parent, so that its reward is what the move earned over the
+/// program it refined.
+pub fn extend_problem(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    budget: usize,
+    kinds: &[String],
+    rec: &mut Recording<'_>,
+) -> Result<EpisodeResult> {
+    let mut j = Judging::new(p, g, judge)?;
+    let recorded = rec.store.evaluations(&j.problem.name)?;
+    let open = rec.begin(&j, BEYOND)?;
+    let (problem, prior) = (&open.problem, &open.prior);
+    let shape = problem.shape;
+    let moves: Vec<Move> = Move::all()
+        .filter(|&m| m != Move::Stop && kinds.iter().any(|k| k == m.kind()))
+        .collect();
+    // The recorded programs reachable from the library program, and the
+    // unrecorded ones a move of `kinds` makes from a correct one.
+    let start = Config::library(shape);
+    let mut seen: std::collections::BTreeSet<String> = [start.key()].into();
+    let mut queue = std::collections::VecDeque::from([start]);
+    let mut candidates: Vec<(f64, Config, Move, Config)> = Vec::new();
+    let mut asked: std::collections::BTreeSet<String> = Default::default();
+    while let Some(c) = queue.pop_front() {
+        for m in Move::all().filter(|&m| m != Move::Stop) {
+            let Some(next) = c.apply(m, shape) else {
+                continue;
+            };
+            let key = next.key();
+            if recorded.contains_key(&key) {
+                if seen.insert(key) {
+                    queue.push_back(next);
+                }
+                continue;
+            }
+            let parent = recorded
+                .get(&c.key())
+                .filter(|d| d.status == mtmc_env::outcome::Status::Correct)
+                .and_then(|d| d.speedup_eager);
+            if let Some(speedup) = parent
+                && moves.contains(&m)
+                && asked.insert(key)
+            {
+                candidates.push((speedup, c.clone(), m, next));
+            }
+        }
+    }
+    // Fastest parents first; a stable sort keeps each parent's moves in
+    // index order.
+    candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+    candidates.truncate(budget);
+    let reward = Reward::default();
+    let mut best = recorded
+        .values()
+        .filter(|d| d.status == mtmc_env::outcome::Status::Correct)
+        .filter_map(|d| d.speedup_eager)
+        .fold(0.0, f64::max);
+    let mut bests = Vec::new();
+    let mut done = 0;
+    while done < candidates.len() {
+        let take = j.judge.in_flight().min(candidates.len() - done);
+        let round = &candidates[done..done + take];
+        done += take;
+        let started = now();
+        let asked: Vec<(Move, Config, String)> = round
+            .iter()
+            .map(|(_, parent, m, next)| {
+                (
+                    *m,
+                    next.clone(),
+                    format!("{} -> {} -> {}", parent.key(), m.label(), next.key()),
+                )
+            })
+            .collect();
+        let judged = j.evaluate(None, &asked)?;
+        for (ev, ((_, parent, m, next), (_, _, label))) in
+            judged.into_iter().zip(round.iter().zip(&asked))
+        {
+            // An episode at its second step, the parent its best so far.
+            let mut e = Episode::new(shape, mtmc_planner::ppo::PpoConfig::default().max_steps);
+            let parent_diagnosis = recorded[&parent.key()].clone();
+            e.record(Move::Stop, parent.clone(), parent_diagnosis, &reward);
+            let obs = observe(problem, &e, prior);
+            let r = e.record(*m, next.clone(), ev.diagnosis.clone(), &reward);
+            if ev.diagnosis.status == mtmc_env::outcome::Status::Correct {
+                best = best.max(ev.diagnosis.speedup_eager.unwrap_or(0.0));
+            }
+            bests.push(best);
+            rec.step(out, &open, ev, &e, parent, *m, next, label, r, obs, started)?;
+        }
+    }
+    rec.end(&j, &open, best, done, bests)
+}
+
+/// Where an enumerating episode (`enumerate_problem`, `extend_problem`)
+/// is recorded.
+pub struct Recording<'a> {
+    /// The store.
+    pub store: &'a mut Store,
+    /// The planner version its rows carry.
+    pub version: &'a str,
+    /// The episode's seed.
+    pub seed: u64,
+}
+
+/// An episode [`Recording::begin`] opened: the problem as the store holds
+/// it, its knowledge-base priors, the episode's id.
+struct Opened {
+    problem: PlanProblem,
+    prior: [f32; ACTIONS],
+    id: i64,
+}
+
+impl Recording<'_> {
+    /// Stores `j`'s problem and opens an episode of `planner` on it.
+    fn begin(&mut self, j: &Judging<'_>, planner: &str) -> Result<Opened> {
+        let problem = j.problem.clone();
+        self.store.put_problem(&problem)?;
+        let prior = self.store.prior(&problem.pattern, &problem.name)?;
+        let id = self
+            .store
+            .begin_episode(&problem.name, planner, self.version, self.seed)?;
+        Ok(Opened { problem, prior, id })
+    }
+
+    /// Prints the step that judged `next` (reached from `parent` by `m`;
+    /// `e` has recorded it) and records it.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        open: &Opened,
+        ev: Evaluated,
+        e: &Episode,
+        parent: &Config,
+        m: Move,
+        next: &Config,
+        label: &str,
+        reward: f64,
+        obs: Vec<f32>,
+        started: f64,
+    ) -> Result<()> {
+        writeln!(
+            out,
+            "  {label}: {} (reward {reward:+.3})",
+            ev.diagnosis.text()
+        )?;
+        let record = ev.step(open.id, e, parent.key(), obs, m, next, reward, started)?;
+        self.store.add_step(&open.problem, self.version, &record)?;
+        Ok(())
+    }
+
+    /// Ends the episode with `best` after `evaluations` steps; `bests`
+    /// holds the best speedup after each.
+    fn end(
+        &mut self,
+        j: &Judging<'_>,
+        open: &Opened,
+        best: f64,
+        evaluations: usize,
+        bests: Vec<f64>,
+    ) -> Result<EpisodeResult> {
+        self.store.end_episode(open.id, best)?;
+        Ok(EpisodeResult {
+            best,
+            evaluations,
+            bests,
+            wrote: j.found.best.is_some(),
+            rejudged: None,
+        })
+    }
 }
 
 /// The graph (traced, or rewritten where `c` asks and one exists) a
@@ -901,6 +1085,10 @@ pub struct ExploreRequest<'a> {
     pub timeout: Duration,
     /// Seed.
     pub seed: u64,
+    /// Action kinds (`KINDS`): with the exhaustive planner, evaluate the
+    /// programs one such move beyond the recorded ones instead
+    /// (`extend_problem`).
+    pub beyond: &'a [String],
 }
 
 /// Runs episodes on each chosen problem, recording them; problems with
@@ -913,11 +1101,27 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     if chosen.is_empty() {
         bail!("no problem chosen: name problems or pass --level N (and check --split)");
     }
+    if let Some(k) = req.beyond.iter().find(|k| !KINDS.contains(&k.as_str())) {
+        bail!(
+            "--beyond {k}: not an action kind; give one of {}",
+            KINDS.join(", ")
+        );
+    }
+    if !req.beyond.is_empty() && !matches!(req.planner, Choice::Exhaustive) {
+        bail!(
+            "--beyond enumerates the programs beyond the recorded ones, which only the exhaustive planner does: add --planner exhaustive"
+        );
+    }
     let mut store = Store::open(req.store)?;
     let mut loaded = req.planner.load(req.seed)?;
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
     let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
-    let done = store.finished_episodes(loaded.planner.name())?;
+    let name = if req.beyond.is_empty() {
+        loaded.planner.name()
+    } else {
+        BEYOND
+    };
+    let done = store.finished_episodes(name)?;
     let work: Vec<(&mtmc_actions::problem::Problem, usize)> = chosen
         .iter()
         .map(|p| {
@@ -937,7 +1141,14 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         total,
         chosen.len() * req.episodes - total,
         req.store.display(),
-        loaded.planner.name(),
+        if req.beyond.is_empty() {
+            name.to_string()
+        } else {
+            format!(
+                "{name} (one {} move beyond the recorded programs)",
+                req.beyond.join(" or ")
+            )
+        },
         req.budget,
         if gpu {
             "judged on the GPU"
@@ -972,16 +1183,32 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
             bar.set_message(format!("{} episode {}", p.full_name(), k + 1));
             log.clear();
             let seed = req.seed.wrapping_add(k as u64);
-            let r = if matches!(req.planner, Choice::Exhaustive) {
+            let r = if !req.beyond.is_empty() {
+                extend_problem(
+                    &mut log,
+                    p,
+                    &g,
+                    &mut judge,
+                    req.budget,
+                    req.beyond,
+                    &mut Recording {
+                        store: &mut store,
+                        version: &loaded.version,
+                        seed,
+                    },
+                )
+            } else if matches!(req.planner, Choice::Exhaustive) {
                 enumerate_problem(
                     &mut log,
                     p,
                     &g,
                     &mut judge,
                     req.budget,
-                    &mut store,
-                    &loaded.version,
-                    seed,
+                    &mut Recording {
+                        store: &mut store,
+                        version: &loaded.version,
+                        seed,
+                    },
                 )
             } else {
                 plan_problem(
