@@ -147,7 +147,7 @@ pub struct Recorded {
 }
 
 /// The speedup of a correct, timed program.
-fn correct_speedup(d: &Diagnosis) -> Option<f64> {
+pub fn correct_speedup(d: &Diagnosis) -> Option<f64> {
     (d.status == mtmc_env::outcome::Status::Correct)
         .then_some(d.speedup_eager)
         .flatten()

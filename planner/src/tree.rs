@@ -32,8 +32,7 @@ impl TreeProblem {
     pub fn best(&self) -> f64 {
         self.evals
             .values()
-            .filter(|d| d.status == mtmc_env::outcome::Status::Correct)
-            .filter_map(|d| d.speedup_eager)
+            .filter_map(crate::store::correct_speedup)
             .fold(0.0, f64::max)
     }
 }

@@ -31,7 +31,7 @@ use mtmc_planner::ppo::PpoConfig;
 use mtmc_planner::rng::Rng;
 use mtmc_planner::rtg::RewardToGo;
 use mtmc_planner::space::{ACTIONS, Config, Move, REWRITTEN};
-use mtmc_planner::store::{StepRecord, Store, now};
+use mtmc_planner::store::{StepRecord, Store, correct_speedup, now};
 use mtmc_planner::tree::{self, TreeEnv, TreeProblem};
 
 use crate::cmd::optimize::{
@@ -825,8 +825,9 @@ pub fn extend_problem(
     let mut seen: std::collections::BTreeSet<String> = [start.key()].into();
     let mut queue = std::collections::VecDeque::from([start]);
     let mut candidates: Vec<(f64, Config, Move, Config)> = Vec::new();
-    let mut asked: std::collections::BTreeSet<String> = Default::default();
+    let mut queued: std::collections::BTreeSet<String> = Default::default();
     while let Some(c) = queue.pop_front() {
+        let parent = recorded.get(&c.key()).and_then(correct_speedup);
         for m in Move::all().filter(|&m| m != Move::Stop) {
             let Some(next) = c.apply(m, shape) else {
                 continue;
@@ -838,13 +839,9 @@ pub fn extend_problem(
                 }
                 continue;
             }
-            let parent = recorded
-                .get(&c.key())
-                .filter(|d| d.status == mtmc_env::outcome::Status::Correct)
-                .and_then(|d| d.speedup_eager);
             if let Some(speedup) = parent
                 && moves.contains(&m)
-                && asked.insert(key)
+                && queued.insert(key)
             {
                 candidates.push((speedup, c.clone(), m, next));
             }
@@ -857,8 +854,7 @@ pub fn extend_problem(
     let reward = Reward::default();
     let mut best = recorded
         .values()
-        .filter(|d| d.status == mtmc_env::outcome::Status::Correct)
-        .filter_map(|d| d.speedup_eager)
+        .filter_map(correct_speedup)
         .fold(0.0, f64::max);
     let mut bests = Vec::new();
     let mut done = 0;
@@ -887,9 +883,7 @@ pub fn extend_problem(
             e.record(Move::Stop, parent.clone(), parent_diagnosis, &reward);
             let obs = observe(problem, &e, prior);
             let r = e.record(*m, next.clone(), ev.diagnosis.clone(), &reward);
-            if ev.diagnosis.status == mtmc_env::outcome::Status::Correct {
-                best = best.max(ev.diagnosis.speedup_eager.unwrap_or(0.0));
-            }
+            best = best.max(correct_speedup(&ev.diagnosis).unwrap_or(0.0));
             bests.push(best);
             rec.step(out, &open, ev, &e, parent, *m, next, label, r, obs, started)?;
         }
