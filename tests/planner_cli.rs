@@ -421,6 +421,18 @@ fn explore_train_compare_and_a_planned_optimize() {
             "{doc}"
         );
     }
+    // The paired comparisons draw each problem's runs of both passes
+    // together.
+    let pairs = doc["paired"].as_array().unwrap();
+    assert_eq!(pairs.len(), 2, "{doc}");
+    for p in pairs {
+        assert_eq!((&p["problems"], &p["runs"]), (&2.into(), &4.into()), "{p}");
+    }
+    assert!(
+        run.stdout.contains("paired over 2 problems, 4 runs"),
+        "{}",
+        run.stdout
+    );
     // The settings hold a digest of the checkpoint and the tree: a pass
     // run with other contents under the same paths is not resumed.
     let settings2 = live2.join("settings.json");
@@ -644,6 +656,41 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
         best / geomean("random"),
     );
     assert!(run.stdout.contains(&ratios), "{ratios}\n{}", run.stdout);
+    // The paired comparisons: the same ratios, each inside its bootstrap
+    // interval, with the runs ahead and behind.
+    let pairs = table["paired"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(pairs.len(), 2, "{table}");
+    for (p, against) in pairs.iter().zip(["random", "greedy"]) {
+        assert_eq!(p["planner"], "trained");
+        assert_eq!(p["against"], against);
+        let f = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("{p}"));
+        let ratio = geomean("trained") / geomean(against);
+        assert!((f("ratio") - ratio).abs() < 1e-9, "{p}");
+        assert!(
+            f("low") <= ratio && ratio <= f("high") && f("low") < f("high"),
+            "{p}"
+        );
+        assert!(f("ahead") + f("behind") <= f("runs"), "{p}");
+        let text = format!(
+            "trained / {against} {:.3}x [{:.3}, {:.3}], ahead on {}, behind on {}",
+            ratio,
+            f("low"),
+            f("high"),
+            p["ahead"],
+            p["behind"]
+        );
+        assert!(run.stdout.contains(&text), "{text}\n{}", run.stdout);
+    }
+    assert!(
+        run.stdout.contains(&format!(
+            "paired over {} problems (95 % interval",
+            pairs[0]["problems"]
+        )),
+        "{}",
+        run.stdout
+    );
     assert_eq!(
         std::fs::read(&tree).unwrap(),
         before,

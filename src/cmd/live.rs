@@ -560,7 +560,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             String::new()
         }
     )?;
-    print_table(out, &rows, false)?;
+    let pairs = crate::cmd::paired::pairs(&per_problem);
+    print_table(out, &rows, &pairs, false)?;
     let again: usize = as_found.iter().map(|a| a.2).sum();
     if again > 0 {
         writeln!(
@@ -599,6 +600,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         "passes": pass_names,
         "problems_left_out": missing,
         "planners": rows,
+        "paired": pairs,
         "problems": per_problem,
     });
     let text = serde_json::to_string_pretty(&doc)? + "\n";

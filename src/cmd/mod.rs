@@ -8,6 +8,7 @@ pub mod eval;
 pub mod live;
 pub mod llm;
 pub mod optimize;
+pub mod paired;
 pub mod plan;
 pub mod problems;
 pub mod show;

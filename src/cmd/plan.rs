@@ -38,6 +38,7 @@ use crate::cmd::optimize::{
     Found, Gemm, ProblemJudge, build, conclude, judge_programs, problem_source, regions,
     write_model_new,
 };
+use crate::cmd::paired::Paired;
 
 /// Which planner `--planner` names.
 #[derive(Clone, Debug)]
@@ -1645,7 +1646,8 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             " (the programs episodes of {by} reached)"
         ))
     )?;
-    print_table(out, &rows, true)?;
+    let pairs = crate::cmd::paired::pairs(&per_problem);
+    print_table(out, &rows, &pairs, true)?;
     if let Some(path) = json {
         let doc = serde_json::json!({
             "split": format!("{split:?}").to_lowercase(),
@@ -1654,6 +1656,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             "recorded_by": recorded_by,
             "policy_stops": policy_stops,
             "planners": rows,
+            "paired": pairs,
             "problems": per_problem,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
@@ -1723,10 +1726,16 @@ pub(crate) fn exhaustive_row(problems: &Arc<Vec<TreeProblem>>) -> Result<Row> {
 }
 
 /// Prints the comparison's table, one row per planner, then its ratios
-/// ([`ratios`]); `bound`: whether the exhaustive row was replayed on the
-/// same outcomes as the others, so that it bounds them (not so in a live
-/// comparison).
-pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row], bound: bool) -> Result<()> {
+/// ([`ratios`]) and the paired comparisons `pairs`
+/// ([`crate::cmd::paired`]); `bound`: whether the exhaustive row was
+/// replayed on the same outcomes as the others, so that it bounds them
+/// (not so in a live comparison).
+pub(crate) fn print_table(
+    out: &mut dyn std::io::Write,
+    rows: &[Row],
+    pairs: &[Paired],
+    bound: bool,
+) -> Result<()> {
     writeln!(
         out,
         "{:<11} {:>9} {:>8} {:>12} {:>14} {:>12} {:>13}",
@@ -1756,6 +1765,9 @@ pub(crate) fn print_table(out: &mut dyn std::io::Write, rows: &[Row], bound: boo
         "reached 90%: episodes whose best came within 90 % of the problem's exhaustive best; evals to 90%: the evaluations that took, on average over those"
     )?;
     if let Some(line) = ratios(rows, bound) {
+        writeln!(out, "{line}")?;
+    }
+    if let Some(line) = crate::cmd::paired::line(pairs) {
         writeln!(out, "{line}")?;
     }
     Ok(())
