@@ -80,6 +80,13 @@ pub struct MathMode {
     /// are TF32-rounded, this is the problem's math
     /// (`Outcome::problem_math` in the env).
     pub conv_tf32: bool,
+    /// fp32 matrix products and convolutions may run as three TF32
+    /// products each on tensor cores (a value and its TF32 remainder:
+    /// fp32 accuracy at a third of the TF32 rate), as mtmc's GEMM and
+    /// implicit-GEMM kernels do; the rate is the faster of that and the
+    /// CUDA cores' fp32. Off in the problem's math, whose fp32 rate these
+    /// kernels can pass; the planner's early stop reads it.
+    pub split_tf32: bool,
 }
 
 impl DeviceSpec {
@@ -96,6 +103,11 @@ impl DeviceSpec {
             (true, DType::F64) => r.fp64_tensor,
             (true, _) if math.allow_tf32 || (class == OpClass::Conv && math.conv_tf32) => {
                 r.tf32_tensor
+            }
+            (true, DType::F32)
+                if math.split_tf32 && matches!(class, OpClass::Matmul | OpClass::Conv) =>
+            {
+                (r.tf32_tensor / 3.0).max(r.fp32)
             }
             (_, DType::F16 | DType::BF16) => r.half_vector,
             (_, DType::F64) => r.fp64,
@@ -214,5 +226,27 @@ mod tests {
             tflops(h100.rate(OpClass::Pointwise, DType::BF16, MathMode::default())),
             133.8
         );
+    }
+
+    #[test]
+    fn split_tf32_runs_fp32_products_at_a_third_of_the_tf32_rate() {
+        let h100 = find_device(&builtin_devices(), "H100").unwrap().clone();
+        let split = MathMode {
+            split_tf32: true,
+            ..MathMode::default()
+        };
+        let tflops = |class, dtype, math| (h100.rate(class, dtype, math) / 1e11).round() / 10.0;
+        assert_eq!(tflops(OpClass::Matmul, DType::F32, split), 164.9);
+        assert_eq!(tflops(OpClass::Conv, DType::F32, split), 164.9);
+        // A TF32 convolution stays at the TF32 rate; other classes and
+        // dtypes are untouched.
+        let conv_tf32 = MathMode {
+            conv_tf32: true,
+            ..split
+        };
+        assert_eq!(tflops(OpClass::Conv, DType::F32, conv_tf32), 494.7);
+        assert_eq!(tflops(OpClass::Attention, DType::F32, split), 66.9);
+        assert_eq!(tflops(OpClass::Pointwise, DType::F32, split), 66.9);
+        assert_eq!(tflops(OpClass::Matmul, DType::F16, split), 989.4);
     }
 }

@@ -346,6 +346,7 @@ impl Outcome {
         MathMode {
             allow_tf32: false,
             conv_tf32: self.reference_tf32,
+            split_tf32: false,
         }
     }
 
