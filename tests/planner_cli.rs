@@ -433,6 +433,30 @@ fn explore_train_compare_and_a_planned_optimize() {
         "{}",
         run.stdout
     );
+    // Every episode names the build that ran it; the table warns when the
+    // pooled episodes ran on several.
+    let build = |e: &serde_json::Value| e["build"].as_str().map(str::to_string);
+    let ours = build(&lines(&episodes)[0]).unwrap();
+    assert!(ours.starts_with(env!("CARGO_PKG_VERSION")), "{ours}");
+    assert!(
+        lines(&live2.join("episodes.jsonl"))
+            .iter()
+            .all(|e| build(e).as_ref() == Some(&ours))
+    );
+    assert!(!run.stdout.contains("builds of mtmc"), "{}", run.stdout);
+    let text = std::fs::read_to_string(&episodes).unwrap();
+    std::fs::write(&episodes, text.replace(&ours, "0.0.0+000000000000")).unwrap();
+    let run = live_into(&live2_s, &["--policy-stops", "--pool", &live_s]).success();
+    assert!(
+        run.stdout.contains(
+            "warning: these episodes ran on 2 builds of mtmc (episodes each: 0.0.0+000000000000 6, "
+        ) && run.stdout.contains(&format!("{ours} 6)")),
+        "{}",
+        run.stdout
+    );
+    let doc = read_json(&live2.join("compare.json"));
+    assert_eq!(doc["builds"][&ours], 6, "{doc}");
+    std::fs::write(&episodes, text).unwrap();
     // The settings hold a digest of the checkpoint and the tree: a pass
     // run with other contents under the same paths is not resumed.
     let settings2 = live2.join("settings.json");

@@ -136,6 +136,62 @@ struct Finished {
     #[serde(default)]
     rejudged: Option<f64>,
     seconds: f64,
+    /// The mtmc build that ran it ([`build_id`]; none in folders written
+    /// before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    build: Option<String>,
+}
+
+/// The running mtmc's build: its version and the first 12 hex digits of
+/// the executable's SHA-256. A change of mtmc between passes, or between
+/// a pass and its resume, changes what the planners' searches do (the
+/// coder, the early stop), so the table names the builds its episodes ran
+/// on when there are several.
+fn build_id() -> Result<String> {
+    let exe = std::env::current_exe().context("cannot find the running mtmc's executable")?;
+    let mut file =
+        std::fs::File::open(&exe).with_context(|| format!("cannot read `{}`", exe.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buf)
+            .with_context(|| format!("cannot read `{}`", exe.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let hex: String = h
+        .finalize()
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(format!("{}+{hex}", env!("CARGO_PKG_VERSION")))
+}
+
+/// The warning a table prints when its episodes ran on several builds
+/// (`builds`: episodes per build, `None` for episodes that name none);
+/// none when they ran on one.
+fn builds_warning(builds: &BTreeMap<Option<String>, usize>) -> Option<String> {
+    if builds.len() < 2 {
+        return None;
+    }
+    let each: Vec<String> = builds
+        .iter()
+        .map(|(b, n)| {
+            format!(
+                "{} {n}",
+                b.as_deref()
+                    .unwrap_or("unnamed (written before builds were kept)")
+            )
+        })
+        .collect();
+    Some(format!(
+        "warning: these episodes ran on {} builds of mtmc (episodes each: {}); a change of mtmc changes what the searches do: run every pass of a comparison with one build",
+        builds.len(),
+        each.join(", ")
+    ))
 }
 
 /// A problem's file-name form: `L2/76_Gemm` → `L2-76_Gemm`.
@@ -300,6 +356,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         // A checkpoint that cannot be loaded is named before any GPU time.
         choice.load(req.seed)?;
     }
+    let build = build_id()?;
 
     let have: BTreeSet<(String, String)> = done
         .iter()
@@ -417,6 +474,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                         bests: r.bests,
                         rejudged: r.rejudged,
                         seconds,
+                        build: Some(build.clone()),
                     };
                     writeln!(lines, "{}", serde_json::to_string(&f)?)
                         .and_then(|_| lines.flush())
@@ -479,6 +537,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     }
     let complete = Arc::new(complete);
     let timed = runs.iter().flat_map(|r| r.values()).any(|f| f.best > 0.0);
+    let mut builds: BTreeMap<Option<String>, usize> = BTreeMap::new();
+    for f in runs.iter().flat_map(|r| r.values()) {
+        *builds.entry(f.build.clone()).or_default() += 1;
+    }
     let exhaustive: Vec<f64> = complete.iter().map(TreeProblem::best).collect();
     let mut rows = Vec::new();
     let pass_names: Vec<String> = passes
@@ -560,6 +622,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             String::new()
         }
     )?;
+    if let Some(line) = builds_warning(&builds) {
+        writeln!(out, "{line}")?;
+    }
     let pairs = crate::cmd::paired::pairs(&per_problem);
     print_table(out, &rows, &pairs, false)?;
     let again: usize = as_found.iter().map(|a| a.2).sum();
@@ -598,6 +663,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .map(|(p, g, _)| (p.clone(), serde_json::json!(g)))
             .collect::<serde_json::Map<_, _>>(),
         "passes": pass_names,
+        "builds": builds
+            .iter()
+            .map(|(b, n)| (b.clone().unwrap_or_default(), serde_json::json!(n)))
+            .collect::<serde_json::Map<_, _>>(),
         "problems_left_out": missing,
         "planners": rows,
         "paired": pairs,
@@ -614,6 +683,25 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn several_builds_are_named_and_one_is_not() {
+        let mut builds: BTreeMap<Option<String>, usize> = BTreeMap::new();
+        builds.insert(Some("0.1.0+abc".into()), 4);
+        assert_eq!(builds_warning(&builds), None);
+        builds.insert(None, 2);
+        let w = builds_warning(&builds).unwrap();
+        assert!(
+            w.contains("2 builds of mtmc (episodes each: unnamed (written before builds were kept) 2, 0.1.0+abc 4)"),
+            "{w}"
+        );
+        let id = build_id().unwrap();
+        assert!(
+            id.starts_with(env!("CARGO_PKG_VERSION"))
+                && id.len() == env!("CARGO_PKG_VERSION").len() + 13,
+            "{id}"
+        );
+    }
 
     #[test]
     fn a_problem_name_becomes_one_file_name() {
