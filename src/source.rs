@@ -55,8 +55,9 @@ pub struct Traced {
     pub graph: Result<OpGraph, String>,
 }
 
-pub fn sha256_hex(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
+/// The SHA-256 of `data` in lowercase hex.
+pub fn sha256_hex(data: impl AsRef<[u8]>) -> String {
+    let digest = Sha256::digest(data.as_ref());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -149,25 +149,9 @@ struct Finished {
 /// on when there are several.
 fn build_id() -> Result<String> {
     let exe = std::env::current_exe().context("cannot find the running mtmc's executable")?;
-    let mut file =
-        std::fs::File::open(&exe).with_context(|| format!("cannot read `{}`", exe.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = std::io::Read::read(&mut file, &mut buf)
-            .with_context(|| format!("cannot read `{}`", exe.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    let hex: String = h
-        .finalize()
-        .iter()
-        .take(6)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(format!("{}+{hex}", env!("CARGO_PKG_VERSION")))
+    let bytes = std::fs::read(&exe).with_context(|| format!("cannot read `{}`", exe.display()))?;
+    let hex = crate::source::sha256_hex(bytes);
+    Ok(format!("{}+{}", env!("CARGO_PKG_VERSION"), &hex[..12]))
 }
 
 /// The warning a table prints when its episodes ran on several builds
@@ -356,7 +340,6 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         // A checkpoint that cannot be loaded is named before any GPU time.
         choice.load(req.seed)?;
     }
-    let build = build_id()?;
 
     let have: BTreeSet<(String, String)> = done
         .iter()
@@ -373,6 +356,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             }
         }
     }
+    // The build that runs the episodes left, named in each one's line.
+    let build = (!work.is_empty()).then(build_id).transpose()?;
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
     writeln!(
         out,
@@ -474,7 +459,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                         bests: r.bests,
                         rejudged: r.rejudged,
                         seconds,
-                        build: Some(build.clone()),
+                        build: build.clone(),
                     };
                     writeln!(lines, "{}", serde_json::to_string(&f)?)
                         .and_then(|_| lines.flush())
