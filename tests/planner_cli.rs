@@ -542,6 +542,51 @@ fn explore_train_compare_and_a_planned_optimize() {
     ])
     .failure();
     assert!(bad.error.contains("checkpoint folder"), "{}", bad.error);
+
+    // A store whose observations another mtmc recorded (another length):
+    // the policy trains on the tree as before, but no reward-to-go model
+    // is fitted on nothing; the checkpoint still compares.
+    let stale = dir.path().join("stale.sqlite");
+    std::fs::copy(&store, &stale).unwrap();
+    let n = rusqlite::Connection::open(&stale)
+        .unwrap()
+        .execute(
+            "UPDATE steps SET observation = '[0.5, 0.5]' WHERE action_name != 'stop'",
+            [],
+        )
+        .unwrap();
+    assert!(n >= 12, "{n}");
+    let stale_s = stale.to_string_lossy().into_owned();
+    let ck_stale = dir.path().join("ck-stale");
+    let ck_stale_s = ck_stale.to_string_lossy().into_owned();
+    let run = train_briefly(&stale_s, &ck_stale_s, &["--members", "1"]).success();
+    assert!(
+        run.stdout.contains("reward-to-go: no model written")
+            && run
+                .stdout
+                .contains(&format!("({n} step(s) recorded with 2 numbers)"))
+            && !run.stdout.contains("rtg.mpk"),
+        "{}",
+        run.stdout
+    );
+    assert!(ck_stale.join("policy.mpk").is_file());
+    assert!(!ck_stale.join("rtg.json").exists() && !ck_stale.join("rtg.mpk").exists());
+    assert!(read_json(&ck_stale.join("train.json"))["reward_to_go"].is_null());
+    let run = mtmc(&[
+        "compare",
+        "--trajectories",
+        &stale_s,
+        "--checkpoint",
+        &ck_stale_s,
+        "--split",
+        "all",
+    ])
+    .success();
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with("trained")),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]

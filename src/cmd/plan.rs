@@ -1442,22 +1442,72 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     let seconds = t0.elapsed().as_secs_f64();
     // The reward-to-go model: fitted on the training problems' steps,
     // ranked on the held-out ones'.
+    // It reads the observations as recorded: steps recorded by an mtmc
+    // whose observations had another length are left out, and without any
+    // step to fit on no model is written (one fitted on nothing would
+    // rerank the policy's moves by chance).
     let steps = store.steps()?;
     let samples = mtmc_planner::rtg::samples(&steps);
+    let stop = Move::Stop.index();
+    let other = steps
+        .iter()
+        .filter(|s| s.action != stop && s.observation.len() != mtmc_planner::features::OBS)
+        .map(|s| s.observation.len())
+        .collect::<std::collections::BTreeSet<_>>();
+    let left_out = steps
+        .iter()
+        .filter(|s| s.action != stop && other.contains(&s.observation.len()))
+        .count();
     let (fit, rest): (Vec<_>, Vec<_>) = samples.into_iter().partition(|s| trains(&s.problem));
     let held: Vec<_> = rest.into_iter().filter(|s| held_out(&s.problem)).collect();
-    let rtg = mtmc_planner::rtg::fit(&fit, 64, 60, req.ppo.seed);
-    mtmc_planner::rtg::save(&rtg, req.out_dir, 64).map_err(anyhow::Error::msg)?;
-    let ranking = mtmc_planner::rtg::ranking(&rtg, &held);
-    writeln!(
-        out,
-        "reward-to-go: fitted on {} step(s); on {} held-out step(s): Spearman {:.3}, pairwise accuracy {:.3} over {} pair(s)",
-        fit.len(),
-        ranking.samples,
-        ranking.spearman,
-        ranking.pairwise,
-        ranking.pairs
-    )?;
+    let ranking = if fit.is_empty() {
+        for f in ["rtg.json", "rtg.mpk"] {
+            let path = req.out_dir.join(f);
+            if path.exists() {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("cannot remove `{}`", path.display()))?;
+            }
+        }
+        writeln!(
+            out,
+            "reward-to-go: no model written: no training problem's recorded step holds an observation of this mtmc's {} numbers{}; the trained planner follows its policy alone (record steps with this mtmc's `explore` to fit one)",
+            mtmc_planner::features::OBS,
+            if other.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({left_out} step(s) recorded with {} numbers)",
+                    other
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                )
+            }
+        )?;
+        None
+    } else {
+        let rtg = mtmc_planner::rtg::fit(&fit, 64, 60, req.ppo.seed);
+        mtmc_planner::rtg::save(&rtg, req.out_dir, 64).map_err(anyhow::Error::msg)?;
+        let ranking = mtmc_planner::rtg::ranking(&rtg, &held);
+        writeln!(
+            out,
+            "reward-to-go: fitted on {} step(s); on {} held-out step(s): Spearman {:.3}, pairwise accuracy {:.3} over {} pair(s){}",
+            fit.len(),
+            ranking.samples,
+            ranking.spearman,
+            ranking.pairwise,
+            ranking.pairs,
+            if left_out > 0 {
+                format!(
+                    "; {left_out} step(s) with observations of another length (another mtmc's) left out"
+                )
+            } else {
+                String::new()
+            }
+        )?;
+        Some(ranking)
+    };
     let summary = serde_json::json!({
         // The knowledge base the policy's observations were built from;
         // `optimize --planner` reads its priors there.
@@ -1477,8 +1527,9 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         .with_context(|| format!("cannot write `{}`", path.display()))?;
     writeln!(
         out,
-        "wrote {}: policy.mpk, optimizer.mpk, rtg.mpk, curves.csv, curves.svg, train.json{} ({seconds:.1} s)",
+        "wrote {}: policy.mpk, optimizer.mpk, {}curves.csv, curves.svg, train.json{} ({seconds:.1} s)",
         req.out_dir.display(),
+        if ranking.is_some() { "rtg.mpk, " } else { "" },
         if members > 1 {
             format!(
                 ", and members {}..{} (each its own policy and curves)",
