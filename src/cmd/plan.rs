@@ -1441,23 +1441,20 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     }
     let seconds = t0.elapsed().as_secs_f64();
     // The reward-to-go model: fitted on the training problems' steps,
-    // ranked on the held-out ones'.
-    // It reads the observations as recorded: steps recorded by an mtmc
-    // whose observations had another length are left out, and without any
-    // step to fit on no model is written (one fitted on nothing would
-    // rerank the policy's moves by chance).
+    // ranked on the held-out ones'. It reads the observations as recorded:
+    // steps recorded by an mtmc whose observations had another length are
+    // left out, and without any step to fit on no model is written (one
+    // fitted on nothing would rerank the policy's moves by chance).
     let steps = store.steps()?;
     let samples = mtmc_planner::rtg::samples(&steps);
     let stop = Move::Stop.index();
-    let other = steps
+    let stale: Vec<usize> = steps
         .iter()
         .filter(|s| s.action != stop && s.observation.len() != mtmc_planner::features::OBS)
         .map(|s| s.observation.len())
-        .collect::<std::collections::BTreeSet<_>>();
-    let left_out = steps
-        .iter()
-        .filter(|s| s.action != stop && other.contains(&s.observation.len()))
-        .count();
+        .collect();
+    let left_out = stale.len();
+    let other: std::collections::BTreeSet<usize> = stale.into_iter().collect();
     let (fit, rest): (Vec<_>, Vec<_>) = samples.into_iter().partition(|s| trains(&s.problem));
     let held: Vec<_> = rest.into_iter().filter(|s| held_out(&s.problem)).collect();
     let ranking = if fit.is_empty() {
