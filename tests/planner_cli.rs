@@ -267,6 +267,18 @@ fn explore_train_compare_and_a_planned_optimize() {
         for planner in ["trained", "random", "greedy"] {
             let used = p["planners"][planner]["evaluations"].as_f64().unwrap();
             assert!((1.0..=8.0).contains(&used), "{planner}: {p}");
+            // The path of its first episode: a step per evaluation, each
+            // `move -> program: outcome`.
+            let path = p["planners"][planner]["path"].as_array().unwrap();
+            assert!(!path.is_empty(), "{planner}: {p}");
+            for s in path {
+                let (step, outcome) = s.as_str().unwrap().split_once(": ").unwrap();
+                assert!(step.contains(" -> "), "{s}");
+                assert!(!outcome.is_empty(), "{s}");
+            }
+            if planner != "random" {
+                assert_eq!(path.len() as f64, used, "{planner}: {p}");
+            }
         }
     }
 

@@ -99,6 +99,11 @@ pub struct Episode {
     pub max_steps: usize,
     /// Keys of the programs evaluated.
     pub seen: BTreeSet<String>,
+    /// [`Config::structure`] of the programs judged incorrect: the same
+    /// kernels with other launch parameters compute the same values, so
+    /// they are not tried again in this episode.
+    #[serde(default)]
+    pub wrong: BTreeSet<String>,
     /// The last outcome's diagnosis.
     pub last: Option<Diagnosis>,
     /// The best correct result.
@@ -120,6 +125,7 @@ impl Episode {
             step: 0,
             max_steps,
             seen: BTreeSet::new(),
+            wrong: BTreeSet::new(),
             last: None,
             best: None,
             since_best: 0,
@@ -128,7 +134,9 @@ impl Episode {
         }
     }
 
-    /// The legal moves now: stop only once out of steps.
+    /// The legal moves now: stop only once out of steps; no move to a
+    /// program whose kernels were judged incorrect under other launch
+    /// parameters.
     pub fn mask(&self) -> [bool; ACTIONS] {
         if self.done {
             return [false; ACTIONS];
@@ -138,7 +146,19 @@ impl Episode {
             m[Move::Stop.index()] = true;
             return m;
         }
-        legal(&self.config, self.shape, self.step, &self.seen)
+        let mut mask = legal(&self.config, self.shape, self.step, &self.seen);
+        if !self.wrong.is_empty() {
+            for m in Move::all() {
+                if mask[m.index()]
+                    && self
+                        .target(m)
+                        .is_some_and(|c| self.wrong.contains(&c.structure()))
+                {
+                    mask[m.index()] = false;
+                }
+            }
+        }
+        mask
     }
 
     /// The configuration move `m` asks to evaluate (`None` for stop or a
@@ -174,6 +194,9 @@ impl Episode {
             // Nothing timed (no GPU): a program with kernels is the one to
             // refine.
             Status::CompiledOnly if next.any_kernel() => self.config = next,
+            Status::Incorrect => {
+                self.wrong.insert(next.structure());
+            }
             _ => {}
         }
         self.last = Some(d);
@@ -274,6 +297,47 @@ mod tests {
         assert_eq!(e.config.key(), "k11 b512 v1");
         assert!((total - 2.5f64.ln()).abs() < 1e-12);
         assert_eq!(e.best_speedup(), 2.5);
+    }
+
+    #[test]
+    fn kernels_judged_incorrect_are_not_tried_under_other_launch_parameters() {
+        let shape = Shape {
+            regions: 1,
+            products: false,
+            rewritten: [Some(1), Some(1), None, None],
+        };
+        let mut e = Episode::new(shape, 8);
+        let step = |e: &mut Episode, m: Move, d: Diagnosis| {
+            assert!(e.mask()[m.index()], "{m:?} legal after {:?}", e.moves);
+            let next = e.target(m).unwrap();
+            e.record(m, next, d, &Reward::default());
+        };
+        step(
+            &mut e,
+            Move::CustomKernel(Slot::All),
+            diag(Status::Correct, Some(1.2)),
+        );
+        step(&mut e, Move::Graph(1), diag(Status::Incorrect, None));
+        assert_eq!(e.wrong.iter().collect::<Vec<_>>(), ["k1 b256 v1 rw"]);
+        // A launch parameter that does not compile is no verdict on the
+        // kernels' values.
+        step(
+            &mut e,
+            Move::Vectorize(4),
+            Diagnosis::failed_to_build("k.cu(1): error: x", false),
+        );
+        assert_eq!(e.wrong.len(), 1);
+        step(&mut e, Move::Retile(512), diag(Status::Correct, Some(1.3)));
+        assert_eq!(e.config.key(), "k1 b512 v1");
+        let mask = e.mask();
+        // The rewritten graph's kernels at 512 threads: the same values as
+        // at 256, judged incorrect.
+        assert_eq!(e.target(Move::Graph(1)).unwrap().key(), "k1 b512 v1 rw");
+        assert!(!mask[Move::Graph(1).index()]);
+        // Another graph, and other launch parameters of the traced one.
+        assert!(mask[Move::Graph(2).index()]);
+        assert!(mask[Move::Vectorize(4).index()]);
+        assert!(mask[Move::Retile(128).index()]);
     }
 
     #[test]

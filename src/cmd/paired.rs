@@ -141,6 +141,7 @@ mod tests {
         let result = |best| PlannerResult {
             best,
             evaluations: 8.0,
+            path: Vec::new(),
         };
         ProblemRow {
             problem: problem.into(),

@@ -1580,6 +1580,10 @@ pub(crate) struct ProblemRow {
 pub(crate) struct PlannerResult {
     pub(crate) best: f64,
     pub(crate) evaluations: f64,
+    /// Replay: the steps of the planner's first episode (random: seed 0),
+    /// each `move -> program: outcome`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) path: Vec<String>,
 }
 
 /// What `mtmc compare` was asked to do.
@@ -1671,29 +1675,37 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         };
         let mut bests = vec![0.0f64; problems.len()];
         let mut used = vec![0usize; problems.len()];
+        let mut paths = vec![Vec::new(); problems.len()];
         // Episodes whose best reached 90 % of the exhaustive best, and the
         // evaluations that took.
         let (mut near, mut to_near) = (0usize, 0usize);
         for seed in 0..seeds {
             let mut loaded = choice.load(seed)?.policy_stops(policy_stops);
             for (k, b) in bests.iter_mut().enumerate() {
-                let (best, n, reached) =
-                    replay(&mut loaded, &problems, k, budget, NEAR * exhaustive[k]);
-                *b += best.max(1.0).ln() / seeds as f64;
-                used[k] += n;
-                if let Some(r) = reached {
+                let r = replay(&mut loaded, &problems, k, budget, NEAR * exhaustive[k]);
+                *b += r.best.max(1.0).ln() / seeds as f64;
+                used[k] += r.evaluations;
+                if seed == 0 {
+                    paths[k] = r.path;
+                }
+                if let Some(r) = r.reached {
                     near += 1;
                     to_near += r;
                 }
             }
         }
         let bests: Vec<f64> = bests.iter().map(|l| l.exp()).collect();
-        for (r, (&best, &n)) in per_problem.iter_mut().zip(bests.iter().zip(&used)) {
+        for ((r, path), (&best, &n)) in per_problem
+            .iter_mut()
+            .zip(paths)
+            .zip(bests.iter().zip(&used))
+        {
             r.planners.insert(
                 name.clone(),
                 PlannerResult {
                     best,
                     evaluations: n as f64 / seeds as f64,
+                    path,
                 },
             );
         }
@@ -1787,8 +1799,8 @@ pub(crate) fn exhaustive_row(problems: &Arc<Vec<TreeProblem>>) -> Result<Row> {
     let most = problems.iter().map(|p| p.evals.len()).max().unwrap_or(0);
     let to_near: usize = (0..problems.len())
         .map(|k| {
-            let (_, n, reached) = replay(&mut walk, problems, k, most, NEAR * exhaustive[k]);
-            reached.unwrap_or(n)
+            let r = replay(&mut walk, problems, k, most, NEAR * exhaustive[k]);
+            r.reached.unwrap_or(r.evaluations)
         })
         .sum();
     let n = problems.len().max(1) as f64;
@@ -1922,20 +1934,32 @@ pub(crate) fn row(
     }
 }
 
-/// One episode of `loaded` on recorded problem `k`: its best speedup, the
-/// evaluations it used, and after how many of them its best first reached
-/// `near` (none if it never did).
+/// One episode of `loaded` on recorded problem `k`.
+struct Replayed {
+    /// Its best speedup.
+    best: f64,
+    /// The evaluations it used.
+    evaluations: usize,
+    /// After how many of them its best first reached `near` (none if it
+    /// never did).
+    reached: Option<usize>,
+    /// Its steps, each `move -> program: outcome`.
+    path: Vec<String>,
+}
+
+/// Replays one episode of `loaded` on recorded problem `k`.
 fn replay(
     loaded: &mut Loaded,
     problems: &Arc<Vec<TreeProblem>>,
     k: usize,
     budget: usize,
     near: f64,
-) -> (f64, usize, Option<usize>) {
+) -> Replayed {
     use mtmc_planner::tree::Environment;
     let mut env = TreeEnv::new(problems.clone(), budget, 0);
     env.start(k);
     let mut reached = None;
+    let mut path = Vec::new();
     loop {
         let obs = env.state();
         let m = loaded.choose(
@@ -1945,7 +1969,15 @@ fn replay(
             &obs.mask,
         );
         let m = if obs.mask[m.index()] { m } else { Move::Stop };
+        let target = env.episode().target(m).map(|c| c.key());
         let done = env.step(m.index()).done;
+        if let (Some(key), Some(d)) = (target, &env.episode().last) {
+            let outcome = match (d.status, d.speedup_eager) {
+                (Status::Correct, Some(s)) => format!("{s:.3}x"),
+                (status, _) => status.name().replace('_', " "),
+            };
+            path.push(format!("{} -> {key}: {outcome}", m.label()));
+        }
         if reached.is_none() && env.episode().best_speedup() >= near {
             reached = Some(env.episode().step);
         }
@@ -1953,7 +1985,12 @@ fn replay(
             break;
         }
     }
-    (env.episode().best_speedup(), env.episode().step, reached)
+    Replayed {
+        best: env.episode().best_speedup(),
+        evaluations: env.episode().step,
+        reached,
+        path,
+    }
 }
 
 /// What `mtmc optimize --planner` was asked to do.
