@@ -2094,13 +2094,50 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
             req.out_dir.join("report.json").display()
         );
     }
+    if let Some(again) = r.rejudged {
+        add_rejudged(&req.out_dir.join("report.json"), r.best, again)?;
+    }
     Ok(())
+}
+
+/// Adds to the search's report the best program's speedup as found and as
+/// judged once more.
+fn add_rejudged(path: &Path, found: f64, again: f64) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read `{}`", path.display()))?;
+    let mut report: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("`{}` is not the report JSON", path.display()))?;
+    report["best_speedup"] = serde_json::json!({ "found": found, "judged_again": again });
+    std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("cannot write `{}`", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use mtmc_planner::features::GRAPH;
+
+    #[test]
+    fn the_report_gets_the_best_speedup_found_and_judged_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("report.json");
+        std::fs::write(&path, r#"{"subject": "L2/97", "attempts": [1, 2]}"#).unwrap();
+        add_rejudged(&path, 1.31, 1.18).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(v["subject"], "L2/97");
+        assert_eq!(v["attempts"], serde_json::json!([1, 2]));
+        assert_eq!(
+            v["best_speedup"],
+            serde_json::json!({"found": 1.31, "judged_again": 1.18})
+        );
+        std::fs::write(&path, "not json").unwrap();
+        let err = add_rejudged(&path, 1.0, 1.0).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("is not the report JSON"),
+            "{err:#}"
+        );
+    }
     use mtmc_planner::space::Shape;
 
     fn problem() -> PlanProblem {
