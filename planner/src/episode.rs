@@ -207,6 +207,14 @@ impl Episode {
         r
     }
 
+    /// Tests: evaluates move `m`'s program with the outcome `d` and the
+    /// default reward.
+    #[cfg(test)]
+    pub(crate) fn take(&mut self, m: Move, d: Diagnosis) -> f64 {
+        let next = self.target(m).expect("a move with a program");
+        self.record(m, next, d, &Reward::default())
+    }
+
     /// Ends the episode (reward 0).
     pub fn stop(&mut self) -> f64 {
         self.moves.push(Move::Stop);
@@ -309,8 +317,7 @@ mod tests {
         let mut e = Episode::new(shape, 8);
         let step = |e: &mut Episode, m: Move, d: Diagnosis| {
             assert!(e.mask()[m.index()], "{m:?} legal after {:?}", e.moves);
-            let next = e.target(m).unwrap();
-            e.record(m, next, d, &Reward::default());
+            e.take(m, d);
         };
         step(
             &mut e,

@@ -127,7 +127,6 @@ pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> M
 mod tests {
     use super::*;
     use crate::critique::{Diagnosis, diag};
-    use crate::episode::Reward;
     use crate::space::Shape;
 
     #[test]
@@ -148,8 +147,7 @@ mod tests {
         let step = |e: &mut Episode, expect: Move, d: Diagnosis| {
             let m = greedy(&problem, e, &e.mask());
             assert_eq!(m, expect, "after {:?}", e.moves);
-            let next = e.target(m).unwrap();
-            e.record(m, next, d, &Reward::default());
+            e.take(m, d);
         };
         step(
             &mut e,
