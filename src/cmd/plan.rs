@@ -2116,6 +2116,7 @@ fn add_rejudged(path: &Path, found: f64, again: f64) -> Result<()> {
 mod tests {
     use super::*;
     use mtmc_planner::features::GRAPH;
+    use mtmc_planner::space::Shape;
 
     #[test]
     fn the_report_gets_the_best_speedup_found_and_judged_again() {
@@ -2138,7 +2139,6 @@ mod tests {
             "{err:#}"
         );
     }
-    use mtmc_planner::space::Shape;
 
     fn problem() -> PlanProblem {
         PlanProblem {
