@@ -130,6 +130,11 @@ enum Command {
         /// Fail candidates that compute with torch ops.
         #[arg(long)]
         strict: bool,
+        /// Take eager's time alone, measured once per problem before any
+        /// candidate ran, instead of timing eager trial by trial beside
+        /// each candidate (steadier speedups; the default)
+        #[arg(long)]
+        eager_alone: bool,
         /// Also write the outcomes as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -512,6 +517,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             host_inputs,
             cpu,
             strict,
+            eager_alone,
             json,
         } => {
             let baselines: Vec<String> = baselines.into_iter().filter(|b| b != "none").collect();
@@ -536,6 +542,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     host_inputs,
                     cpu,
                     strict,
+                    paired_eager: !eager_alone,
                     json: json.as_deref(),
                 },
             )

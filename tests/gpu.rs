@@ -243,3 +243,48 @@ fn family_problems_are_correct_on_the_gpu_in_cuda() {
 fn family_problems_are_correct_on_the_gpu_in_triton() {
     family_problems_are_correct("triton");
 }
+
+#[test]
+fn eager_is_timed_beside_the_candidate_on_the_gpu_and_a_slowed_reference_is_not_believed() {
+    if !gpu() {
+        return;
+    }
+    let cheats = concat!(env!("CARGO_MANIFEST_DIR"), "/env/tests/cheats");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("outcomes.json");
+    mtmc(&[
+        "eval",
+        "L1/19",
+        "--kernelbench",
+        &kernelbench(),
+        "--baselines",
+        "eager",
+        "--candidate",
+        &format!("{cheats}/honest.py"),
+        "--candidate",
+        &format!("{cheats}/slows_reference.py"),
+        "--json",
+        json.to_str().unwrap(),
+    ])
+    .env("MTMC_CACHE_DIR", dir.path())
+    .success();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let outcomes = v.as_array().unwrap_or_else(|| panic!("{v}"));
+    let honest = &outcomes[0]["outcome"]["baselines"]["eager"];
+    assert_eq!(honest["paired"], true, "{honest}");
+    let cheat = &outcomes[1]["outcome"];
+    assert_eq!(cheat["status"], "correct", "{cheat}");
+    let eager = &cheat["baselines"]["eager"];
+    assert!(eager.get("paired").is_none(), "{eager}");
+    assert!(
+        eager["why"]
+            .as_str()
+            .unwrap()
+            .contains("beside the candidate"),
+        "{eager}"
+    );
+    let speedup =
+        eager["mean_ms"].as_f64().unwrap() / cheat["runtime"]["mean_ms"].as_f64().unwrap();
+    assert!(speedup < 2.0, "{speedup}");
+}

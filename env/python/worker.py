@@ -19,7 +19,10 @@ Requests:
       -> the KernelBench protocol on the candidate's ModelNew against the
          problem's Model: correctness over fresh random inputs per trial, then
          timing (CUDA events, L2 flushed before every trial), with the
-         baselines timed the same way on the same GPU.
+         baselines timed the same way on the same GPU: eager trial by trial
+         beside the candidate ("paired_eager", on by default; its time alone,
+         taken before any candidate code ran, bounds it), torch.compile
+         alone.
 
 Inputs: "host" draws them on the CPU and copies them over, exactly as
 KernelBench does; "device" (the fast path) runs `get_inputs()` with the GPU
@@ -195,38 +198,67 @@ def timers():
     return _TIMERS
 
 
-def time_calls(fn, inputs, warmup, trials, device):
-    """Milliseconds per call. On a GPU: one CUDA-event pair per trial, L2
-    flushed first; the end event is recorded only after the whole device is
+def one_trial(fn, inputs, device):
+    """Milliseconds of one call. On a GPU: a CUDA-event pair, L2 flushed
+    first; the end event is recorded only after the whole device is
     synchronized, so work that a candidate puts on other streams is inside
     the measured span. On the CPU (tests): the host clock."""
     tm = timers()
+    if device.type == "cuda":
+        flush_l2(device)
+        start = tm["Event"](enable_timing=True)
+        end = tm["Event"](enable_timing=True)
+        start.record()
+        fn(*inputs)
+        tm["synchronize"](device)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    clock = tm["perf_counter"]
+    begin = clock()
+    fn(*inputs)
+    return (clock() - begin) * 1e3
+
+
+def clock_name(device):
+    return "cuda_events" if device.type == "cuda" else "host"
+
+
+def time_calls(fn, inputs, warmup, trials, device):
+    """Milliseconds per call over `trials` calls after `warmup` ones
+    (`one_trial` each)."""
     t = torch()
-    cuda = device.type == "cuda"
-    times = []
     with t.no_grad():
         for _ in range(warmup):
             fn(*inputs)
-        if cuda:
-            sync, event = tm["synchronize"], tm["Event"]
-            sync(device)
-            for _ in range(trials):
-                flush_l2(device)
-                start = event(enable_timing=True)
-                end = event(enable_timing=True)
-                start.record()
-                fn(*inputs)
-                sync(device)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-        else:
-            clock = tm["perf_counter"]
-            for _ in range(trials):
-                begin = clock()
-                fn(*inputs)
-                times.append((clock() - begin) * 1e3)
-    return stats(times, "cuda_events" if cuda else "host")
+        if device.type == "cuda":
+            timers()["synchronize"](device)
+        times = [one_trial(fn, inputs, device) for _ in range(trials)]
+    return stats(times, clock_name(device))
+
+
+def time_paired(fn, base, inputs, warmup, trials, device, base_context):
+    """`fn` and the baseline `base` timed trial by trial, in turn (the first
+    of each pair alternates), so that both meet the same state of the
+    machine: the host's launch gaps, the GPU's clocks. `base` runs inside
+    `base_context()` (the reference's switches). Returns both timings."""
+    t = torch()
+    ours, theirs = [], []
+    with t.no_grad():
+        for _ in range(warmup):
+            fn(*inputs)
+            with base_context():
+                base(*inputs)
+        if device.type == "cuda":
+            timers()["synchronize"](device)
+        for k in range(trials):
+            for which in ((0, 1) if k % 2 == 0 else (1, 0)):
+                if which == 0:
+                    ours.append(one_trial(fn, inputs, device))
+                else:
+                    with base_context():
+                        theirs.append(one_trial(base, inputs, device))
+    return stats(ours, clock_name(device)), stats(theirs, clock_name(device))
 
 
 def stats(times, clock):
@@ -464,6 +496,7 @@ def settings(req):
         "inputs": req.get("inputs", "device"),
         "device": req.get("device", "cuda"),
         "references": req.get("references", "auto"),
+        "paired_eager": req.get("paired_eager", True),
     }
 
 
@@ -508,7 +541,7 @@ def build_reference(problem, s, device):
     trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(s["correctness_trials"])]
     # The last seed gives the fresh values checked after timing.
     check_seeds = trial_seeds + [s["seed"] + 1]
-    ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}}
+    ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "speed": speed_flags(), "baselines": {}}
     ref["reference_tf32"] = reference_tf32(model, ns, trial_seeds[0], device, s)
     refs, kept = [], "device" if device.type == "cuda" else "host"
     if s["references"] == "recompute":
@@ -611,6 +644,62 @@ def math_flags():
     }
 
 
+def speed_flags():
+    """The switches that change how fast torch runs the reference."""
+    t = torch()
+    return {
+        "cudnn_benchmark": t.backends.cudnn.benchmark,
+        "cudnn_deterministic": t.backends.cudnn.deterministic,
+        "deterministic": t.are_deterministic_algorithms_enabled(),
+    }
+
+
+def set_speed_flags(flags):
+    t = torch()
+    t.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    t.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+    t.use_deterministic_algorithms(flags["deterministic"])
+
+
+class ReferenceSwitches:
+    """Within it, torch's math and speed switches are those the reference
+    was first run under (a candidate may have changed them); the
+    candidate's come back on leaving."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def __enter__(self):
+        self.math, self.speed = math_flags(), speed_flags()
+        set_math_flags(self.ref["math"])
+        set_speed_flags(self.ref["speed"])
+
+    def __exit__(self, *exc):
+        set_math_flags(self.math)
+        set_speed_flags(self.speed)
+
+
+# Eager timed beside the candidate runs after the candidate's code did: a
+# candidate that slowed the reference down (work left on the GPU, a patched
+# module object) would gain by it. Beside the candidate eager may take at
+# most this much longer than alone, or its time alone is the baseline.
+PAIRED_SLOWER_AT_MOST = 1.05
+
+
+def paired_baseline(paired, alone):
+    """The eager baseline of an evaluation: `paired` (timed beside the
+    candidate) unless it is more than PAIRED_SLOWER_AT_MOST times `alone`
+    (timed before any candidate code ran)."""
+    ratio = paired["mean_ms"] / alone["mean_ms"] if alone["mean_ms"] > 0 else float("inf")
+    if ratio <= PAIRED_SLOWER_AT_MOST:
+        return dict(paired, paired=True, alone_mean_ms=alone["mean_ms"], measured_at=_utc_now())
+    why = (
+        f"eager took {paired['mean_ms']:.4g} ms a call beside the candidate, {ratio:.2f}x its "
+        f"{alone['mean_ms']:.4g} ms alone (at most {PAIRED_SLOWER_AT_MOST}x is allowed): its time alone is the baseline"
+    )
+    return dict(alone, paired=False, why=why)
+
+
 def reference_outputs(ref, n, inputs):
     """The reference's outputs for check `n` (computed from `inputs`, which
     must hold that check's values): the kept ones, or a forward of the
@@ -654,7 +743,9 @@ def baseline_cache_file(problem, s, device, directory):
     t = torch()
     gpu = t.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     digest = hashlib.sha256(problem["code"].encode()).hexdigest()[:16]
-    params = hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()[:8]
+    # Pairing changes what an evaluation reports, not a timing alone.
+    keyed = {k: v for k, v in s.items() if k != "paired_eager"}
+    params = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:8]
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
     return os.path.join(directory, f"{digest}-{slug}-torch{t.__version__}-{params}.json")
 
@@ -720,7 +811,8 @@ def runtime_error(outcome, e):
 
 def evaluate(req):
     """The KernelBench protocol, with the reference outputs and the
-    baselines computed before any candidate code runs."""
+    baselines computed before any candidate code runs; eager is timed once
+    more beside the candidate (`paired_baseline`)."""
     problem, candidate = req["problem"], req["candidate"]
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     min_scale_ratio = req.get("max_error_to_scale", 1e-2)
@@ -835,7 +927,18 @@ def evaluate(req):
     try:
         timing_began = _clock()
         inputs = make_inputs(ns, ref["trial_seeds"][0], device, s["inputs"])
-        outcome["runtime"] = time_calls(model_new, inputs, s["warmup"], s["trials"], device)
+        alone = ref["baselines"].get("eager")
+        if s["paired_eager"] and "eager" in req.get("baselines", ["eager"]) and alone and "error" not in alone:
+            # Eager timed trial by trial beside the candidate: both meet the
+            # same state of the machine, and their ratio is steadier than
+            # against a timing taken earlier (or by another process).
+            outcome["runtime"], paired = time_paired(
+                model_new, ref["model"], inputs, s["warmup"], s["trials"], device, lambda: ReferenceSwitches(ref)
+            )
+            eager = paired_baseline(paired, alone)
+        else:
+            outcome["runtime"] = time_calls(model_new, inputs, s["warmup"], s["trials"], device)
+            eager = None
         outcome["timing_seconds"] = _clock() - timing_began
         if cheated():
             return outcome
@@ -873,6 +976,8 @@ def evaluate(req):
             return failed
     outcome["kernels"] = kernel_reports(cand_ns, model_new)
     outcome["baselines"] = {k: v for k, v in ref["baselines"].items() if k in req.get("baselines", ["eager"])}
+    if eager is not None:
+        outcome["baselines"]["eager"] = eager
     return outcome
 
 

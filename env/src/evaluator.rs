@@ -111,6 +111,9 @@ pub struct WorkerSettings {
     /// them, as the worker does on its own when they would take more than
     /// about half of the GPU's memory.
     pub recompute_references: bool,
+    /// Time eager trial by trial beside each candidate (bounded by its time
+    /// alone) instead of taking its time alone, measured once per problem.
+    pub paired_eager: bool,
     /// Wall-clock limit per candidate.
     pub limit: Duration,
     /// Wall-clock limit for a problem's reference side and baselines
@@ -128,6 +131,7 @@ impl Default for WorkerSettings {
             cpu: false,
             strict: false,
             recompute_references: false,
+            paired_eager: true,
             limit: Duration::from_secs(120),
             prepare_limit: Duration::from_secs(600),
         }
@@ -171,6 +175,7 @@ impl WorkerEvaluator {
             "device": if s.cpu { "cpu" } else { "cuda" },
             "strict": s.strict,
             "references": if s.recompute_references { "recompute" } else { "auto" },
+            "paired_eager": s.paired_eager,
         })
     }
 

@@ -104,7 +104,7 @@ fn cuda_events() -> String {
 }
 
 /// A baseline's timing, or why it has none.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Baseline {
     /// The timing.
     #[serde(flatten)]
@@ -118,6 +118,16 @@ pub struct Baseline {
     /// When it was measured (UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_at: Option<String>,
+    /// Timed trial by trial beside the candidate (eager), instead of alone
+    /// before any candidate code ran.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paired: bool,
+    /// Paired: the mean of the timing alone, which bounds the paired one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alone_mean_ms: Option<f64>,
+    /// Why the timing alone was used where a paired one was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// The correctness checks' figures.

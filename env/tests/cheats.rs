@@ -225,3 +225,41 @@ async fn a_nan_in_the_output_is_the_first_bad_element() {
     assert!(bad.got.is_nan());
     assert_eq!(c.max_abs_err, Some(f64::INFINITY));
 }
+
+#[tokio::test]
+async fn eager_is_timed_beside_the_candidate_and_a_reference_slowed_by_it_is_not_believed() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python.clone(), false, Duration::from_secs(120));
+    // Beside an honest candidate: eager's paired timing is the baseline,
+    // within 5 % of its time alone (a 20 ms forward: the host's jitter is
+    // far below that).
+    let o = eval(&mut ev, "problem_slow_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    let eager = &o.baselines["eager"];
+    assert!(eager.paired, "{eager:?}");
+    let (paired, alone) = (
+        eager.timing.as_ref().unwrap().mean_ms,
+        eager.alone_mean_ms.unwrap(),
+    );
+    assert!(alone > 19.0 && paired <= alone * 1.05, "{eager:?}");
+    assert_eq!(eager.timing.as_ref().unwrap().trials, 5);
+    // A candidate whose code made the reference's forward sleep: eager
+    // beside it is 20 ms slower, so its time alone is the baseline, and
+    // the speedup is the honest one (about 1), not hundreds.
+    let o = eval(&mut ev, "problem_relu.py", "slows_reference.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    let eager = &o.baselines["eager"];
+    assert!(!eager.paired, "{eager:?}");
+    let why = eager.why.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("beside the candidate") && why.contains("its time alone is the baseline"),
+        "{why}"
+    );
+    let speedup = o.speedup_vs("eager").unwrap();
+    assert!(speedup < 20.0, "speedup {speedup} from a slowed reference");
+    // Without pairing (`mtmc eval --eager-alone`), eager's time alone.
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    ev.settings.paired_eager = false;
+    let o = eval(&mut ev, "problem_slow_relu.py", "honest.py").await;
+    assert!(!o.baselines["eager"].paired && o.baselines["eager"].why.is_none());
+}

@@ -362,9 +362,7 @@ mod tests {
             "eager".into(),
             Baseline {
                 timing: Some(timing(eager_ms)),
-                error: None,
-                cached: false,
-                measured_at: None,
+                ..Baseline::default()
             },
         );
         o.achieved = Some(Achieved {

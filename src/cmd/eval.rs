@@ -61,6 +61,8 @@ pub struct Request<'a> {
     pub cpu: bool,
     /// Fail candidates that compute with torch ops.
     pub strict: bool,
+    /// Time eager beside each candidate (`WorkerSettings::paired_eager`).
+    pub paired_eager: bool,
     /// Where to write the outcomes as JSON.
     pub json: Option<&'a Path>,
 }
@@ -223,6 +225,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         cpu: req.cpu,
         strict: req.strict,
         recompute_references: false,
+        paired_eager: req.paired_eager,
         limit: req.timeout,
         prepare_limit: req.timeout.max(Duration::from_secs(900)),
     };
@@ -462,7 +465,11 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
     for (name, b) in &o.baselines {
         match (&b.timing, &b.error) {
             (Some(t), _) => {
-                let cached = if b.cached { ", cached" } else { "" };
+                let cached = match (b.paired, b.cached) {
+                    (true, _) => ", timed beside the candidate",
+                    (false, true) => ", cached",
+                    (false, false) => "",
+                };
                 write!(
                     out,
                     "  {name:<9}  mean {:.4} ms  median {:.4} ms  std {:.4} ms{cached}",
@@ -471,6 +478,9 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
                 match o.speedup_vs(name) {
                     Some(s) => writeln!(out, "  → speedup {s:.3}x")?,
                     None => writeln!(out)?,
+                }
+                if let Some(why) = &b.why {
+                    writeln!(out, "    {why}")?;
                 }
             }
             (None, Some(e)) => writeln!(
