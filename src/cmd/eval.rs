@@ -465,14 +465,14 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
     for (name, b) in &o.baselines {
         match (&b.timing, &b.error) {
             (Some(t), _) => {
-                let cached = match (b.paired, b.cached) {
+                let how = match (b.paired, b.cached) {
                     (true, _) => ", timed beside the candidate",
                     (false, true) => ", cached",
                     (false, false) => "",
                 };
                 write!(
                     out,
-                    "  {name:<9}  mean {:.4} ms  median {:.4} ms  std {:.4} ms{cached}",
+                    "  {name:<9}  mean {:.4} ms  median {:.4} ms  std {:.4} ms{how}",
                     t.mean_ms, t.median_ms, t.std_ms
                 )?;
                 match o.speedup_vs(name) {
