@@ -87,3 +87,23 @@ fn transposed_and_grouped_convolutions_are_refused_with_the_reason() {
         assert!(r.to_string().contains(why), "{name}: {r}");
     }
 }
+
+#[test]
+fn a_convolution_and_a_wgmma_product_compile_in_one_module() {
+    // A program's CUDA fragments are joined into one module (the export's
+    // `_SOURCE`): LeNet-5's first convolution (an implicit GEMM on the
+    // `mma.sync` path) and its first linear layer (both operands
+    // K-contiguous: the `wgmma` path) each declare dynamic shared memory,
+    // and the two declarations must not clash.
+    let g = traced(3, "4_LeNet5");
+    let conv = common::realize_first(&g, |op| matches!(op, Op::Conv(_))).expect("a conv kernel");
+    let gemm = common::realize_first(&g, |op| matches!(op, Op::MatMul(_))).expect("a GEMM kernel");
+    assert!(gemm.source.contains("wgmma.mma_async"), "{}", gemm.source);
+    assert!(!conv.source.contains("wgmma.mma_async"));
+    let unit = mtmc_env::nvrtc::CompileUnit {
+        name: "program.cu".into(),
+        source: format!("{}\n{}", conv.source, gemm.source),
+    };
+    let r = mtmc_env::nvrtc::compile(&unit, mtmc_env::nvrtc::Arch::SM90).expect("NVRTC");
+    assert!(r.ok, "{}", r.log);
+}

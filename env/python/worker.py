@@ -119,8 +119,28 @@ def reply(obj):
     sys.__stdout__.flush()
 
 
+ERROR_CHARS = 2000
+ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
+
+
 def error_text(e):
-    return "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:]
+    """The exception's message, at most ERROR_CHARS long. A long one (a
+    compiler's log, where warnings can fill it) keeps its first line (the
+    exception's name) and its error lines with the two after each (the
+    source line and the caret) first, then as much of its end as fits, so
+    the line and kind of a compile error survive the cut."""
+    text = "".join(traceback.format_exception_only(type(e), e)).strip()
+    if len(text) <= ERROR_CHARS:
+        return text
+    lines = text.split("\n")
+    keep = [0]
+    for i, line in enumerate(lines):
+        if ERROR_LINE.search(line) and "warning" not in line.lower():
+            keep.extend(j for j in range(i, min(i + 3, len(lines))) if j not in keep)
+    if len(keep) == 1:
+        return text[-ERROR_CHARS:]
+    head = "\n".join(lines[j][:200] for j in keep)[: ERROR_CHARS // 2] + "\n[...]\n"
+    return head + text[-(ERROR_CHARS - len(head)):]
 
 
 def hello(_req):

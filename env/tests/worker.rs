@@ -108,6 +108,38 @@ async fn candidate_errors_at_load_are_compile_errors() {
 }
 
 #[tokio::test]
+async fn a_long_compile_log_keeps_its_error_line() {
+    // A compiler's log where warnings before and after the error fill more
+    // than the 2,000 characters an error keeps: the error line (and the
+    // critique's line number and kind with it) must survive the cut.
+    let mut slot = WorkerSlot::new(None);
+    let candidate = r#"
+warn = 'k.cu(40): warning #177-D: variable "b_off" was declared but never referenced\n    const long long b_off = 0;\n    ^\n'
+log = warn * 40 + 'k.cu(343): error: declaration is incompatible with previous "smem" (declared at line 29)\n    extern __shared__ unsigned char smem[];\n    ^\n' + warn * 40 + '1 error detected in the compilation of "k.cu".'
+raise RuntimeError(log)
+"#;
+    let r = slot
+        .request(eval("x = 1\n", candidate), LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(r["status"], "compile_error");
+    let error = r["error"].as_str().unwrap();
+    assert!(error.chars().count() <= 2000, "{} chars", error.len());
+    assert!(
+        error.starts_with("RuntimeError: k.cu(40): warning"),
+        "{error}"
+    );
+    assert!(
+        error.contains("k.cu(343): error: declaration is incompatible with previous \"smem\""),
+        "{error}"
+    );
+    assert!(
+        error.ends_with("1 error detected in the compilation of \"k.cu\"."),
+        "{error}"
+    );
+}
+
+#[tokio::test]
 async fn a_missing_interpreter_is_a_clear_error() {
     let mut slot = WorkerSlot::with_interpreter("/nonexistent/python3".into(), None);
     let e = slot

@@ -676,10 +676,10 @@ fn wgmma_body(name: &str, store: &str) -> String {
     let (stage, a_bytes) = (WG_STAGE, BM * BK * 4);
     let chunks = BK / 4;
     format!(
-        r#"    extern __shared__ __align__(16) unsigned char smem[];
-    const unsigned raw_base = (unsigned)__cvta_generic_to_shared(smem);
+        r#"    extern __shared__ __align__(16) unsigned char smem_bytes[];
+    const unsigned raw_base = (unsigned)__cvta_generic_to_shared(smem_bytes);
     const unsigned base = (raw_base + 1023u) & ~1023u;
-    unsigned char* gbase = smem + (base - raw_base);
+    unsigned char* gbase = smem_bytes + (base - raw_base);
     const unsigned SMALL = base + {STAGES} * {stage};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wgi = warp >> 2;
