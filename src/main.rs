@@ -595,6 +595,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                             // more: the best of the search's timings is
                             // the luckiest one.
                             rejudge: true,
+                            // The knowledge base the planner trained
+                            // with: the training problems'.
+                            knowledge: cmd::plan::Split::Train,
                         },
                         store: trajectories.as_deref(),
                         out_dir: &out_dir,

@@ -491,28 +491,49 @@ impl Store {
     /// The knowledge base: for each action, the mean reward it earned on
     /// other problems with the same op-class pattern (or, with fewer than
     /// `MIN_SIMILAR` such steps, on problems whose pattern starts with the
-    /// same class), clipped to [-1, 1]; 0 where it was never taken.
-    pub fn prior(&self, pattern: &str, problem: &str) -> Result<[f32; ACTIONS], StoreError> {
+    /// same class), clipped to [-1, 1]; 0 where it was never taken. Only
+    /// the steps of problems that `known` accepts are read, so that a
+    /// held-out problem's outcomes never reach the planner's observations.
+    pub fn prior(
+        &self,
+        pattern: &str,
+        problem: &str,
+        known: &dyn Fn(&str) -> bool,
+    ) -> Result<[f32; ACTIONS], StoreError> {
         const MIN_SIMILAR: i64 = 8;
+        // (action, mean reward, steps) over the known problems.
         let query = |sql: &str, key: &str| -> Result<Vec<(i64, f64, i64)>, StoreError> {
             let mut q = self.conn.prepare_cached(sql).map_err(|e| self.sql(e))?;
-            q.query_map(params![key, problem], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .and_then(|rows| rows.collect())
-            .map_err(|e| self.sql(e))
+            let rows: Vec<(String, i64, f64, i64)> = q
+                .query_map(params![key, problem], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })
+                .and_then(|rows| rows.collect())
+                .map_err(|e| self.sql(e))?;
+            let mut by_action: BTreeMap<i64, (f64, i64)> = BTreeMap::new();
+            for (name, action, sum, n) in rows {
+                if known(&name) {
+                    let e = by_action.entry(action).or_default();
+                    e.0 += sum;
+                    e.1 += n;
+                }
+            }
+            Ok(by_action
+                .into_iter()
+                .map(|(a, (sum, n))| (a, sum / n as f64, n))
+                .collect())
         };
         let mut rows = query(
-            "SELECT action, AVG(reward), COUNT(*) FROM steps
-             WHERE pattern = ?1 AND problem != ?2 GROUP BY action",
+            "SELECT problem, action, SUM(reward), COUNT(*) FROM steps
+             WHERE pattern = ?1 AND problem != ?2 GROUP BY problem, action",
             pattern,
         )?;
         if rows.iter().map(|r| r.2).sum::<i64>() < MIN_SIMILAR {
             let head = pattern.split(['+', '*']).next().unwrap_or(pattern);
             rows = query(
-                "SELECT action, AVG(reward), COUNT(*) FROM steps
+                "SELECT problem, action, SUM(reward), COUNT(*) FROM steps
                  WHERE (pattern = ?1 OR pattern LIKE ?1 || '+%' OR pattern LIKE ?1 || '*%')
-                   AND problem != ?2 GROUP BY action",
+                   AND problem != ?2 GROUP BY problem, action",
                 head,
             )?;
         }

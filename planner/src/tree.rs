@@ -37,24 +37,22 @@ impl TreeProblem {
     }
 }
 
-/// The recorded problems of `store` (those named in `only`, when given)
-/// that have at least one evaluation.
-pub fn load(store: &Store, only: Option<&[String]>) -> Result<Vec<TreeProblem>, StoreError> {
-    load_by(store, only, None)
+/// The recorded problems of `store` that have at least one evaluation,
+/// each with its knowledge-base prior read from the problems `known`
+/// accepts ([`Store::prior`]).
+pub fn load(store: &Store, known: &dyn Fn(&str) -> bool) -> Result<Vec<TreeProblem>, StoreError> {
+    load_by(store, None, known)
 }
 
 /// As [`load`], with each tree built from the episodes of `planner` alone
 /// when given (the programs its episodes reached).
 pub fn load_by(
     store: &Store,
-    only: Option<&[String]>,
     planner: Option<&str>,
+    known: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<TreeProblem>, StoreError> {
     let mut out = Vec::new();
     for problem in store.problems()? {
-        if only.is_some_and(|names| !names.contains(&problem.name)) {
-            continue;
-        }
         let evals = match planner {
             Some(by) => store.evaluations_by(&problem.name, by)?,
             None => store.evaluations(&problem.name)?,
@@ -62,7 +60,7 @@ pub fn load_by(
         if evals.is_empty() {
             continue;
         }
-        let prior = store.prior(&problem.pattern, &problem.name)?;
+        let prior = store.prior(&problem.pattern, &problem.name, known)?;
         out.push(TreeProblem {
             problem,
             evals,

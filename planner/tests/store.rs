@@ -142,13 +142,35 @@ fn the_knowledge_base_offers_what_worked_on_similar_problems() {
     }
     // Too few steps of the same pattern: problems starting with `conv`
     // count too; the reduction does not.
-    let prior = store.prior(&new.pattern, &new.name).unwrap();
+    let all = |_: &str| true;
+    let prior = store.prior(&new.pattern, &new.name, &all).unwrap();
     assert!((prior[kernel.index()] - 0.7).abs() < 1e-6, "{prior:?}");
     assert!((prior[Move::Split.index()] + 0.4).abs() < 1e-6);
     assert_eq!(prior[Move::Vectorize(4).index()], 0.0);
     // A problem's own steps are not its prior.
-    let own = store.prior(&similar.pattern, &similar.name).unwrap();
+    let own = store.prior(&similar.pattern, &similar.name, &all).unwrap();
     assert_eq!(own[kernel.index()], 0.0);
+    // Nor are the steps of a problem the knowledge base may not read (a
+    // held-out one): with L2/1 unknown, nothing is left of its pattern.
+    let but_l2_1 = |name: &str| name != "L2/1";
+    let prior = store.prior(&new.pattern, &new.name, &but_l2_1).unwrap();
+    assert_eq!(prior, [0.0; mtmc_planner::space::ACTIONS], "{prior:?}");
+    // The known problems' steps are averaged step by step, across problems.
+    let e = store.begin_episode("L2/3", "random", "test", 0).unwrap();
+    let third = problem("L2/3", "conv+pointwise*2");
+    store.put_problem(&third).unwrap();
+    for k in 0..6 {
+        store
+            .add_step(&third, "test", &step(e, k, kernel, 0.1))
+            .unwrap();
+    }
+    let prior = store.prior(&new.pattern, &new.name, &all).unwrap();
+    assert!(
+        (prior[kernel.index()] - (0.8 + 0.6 + 6.0 * 0.1) / 8.0).abs() < 1e-6,
+        "{prior:?}"
+    );
+    let prior = store.prior(&new.pattern, &new.name, &but_l2_1).unwrap();
+    assert!((prior[kernel.index()] - 0.1).abs() < 1e-6, "{prior:?}");
 }
 
 /// A gzipped store is read as it is (unpacked into a temporary folder) and

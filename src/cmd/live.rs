@@ -266,7 +266,7 @@ fn pooled_passes(
 /// Runs the live comparison and prints its table.
 pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Result<()> {
     let store = Store::open_to_read(req.store)?;
-    let recorded: Vec<TreeProblem> = tree::load(&store, None)?
+    let recorded: Vec<TreeProblem> = tree::load(&store, &|n| req.split.knows(n))?
         .into_iter()
         .filter(|p| req.split.keeps(&p.problem.name))
         .collect();
@@ -407,6 +407,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             verbose: false,
             reuse: false,
             rejudge: true,
+            knowledge: req.split,
         };
         let bar = ProgressBar::new(work.len() as u64);
         bar.set_style(

@@ -210,6 +210,9 @@ pub struct PlanSettings {
     /// budget): the best of several timings is the luckiest one, and a
     /// fresh timing of it is what a comparison of planners should read.
     pub rejudge: bool,
+    /// The problems whose recorded steps the knowledge-base priors read:
+    /// those this split [`Split::knows`].
+    pub knowledge: Split,
 }
 
 /// What the early stop multiplies a program's fraction of the roofline by
@@ -324,7 +327,9 @@ pub fn plan_problem(
     let mut j = Judging::new(p, g, judge)?;
     let problem = j.problem.clone();
     let prior = match knowledge.or(store.as_deref()) {
-        Some(s) => s.prior(&problem.pattern, &problem.name)?,
+        Some(s) => s.prior(&problem.pattern, &problem.name, &|n| {
+            settings.knowledge.knows(n)
+        })?,
         None => [0.0; ACTIONS],
     };
     if let Some(s) = store.as_deref() {
@@ -944,7 +949,9 @@ impl Recording<'_> {
     fn begin(&mut self, j: &Judging<'_>, planner: &str) -> Result<Opened> {
         let problem = j.problem.clone();
         self.store.put_problem(&problem)?;
-        let prior = self.store.prior(&problem.pattern, &problem.name)?;
+        let prior = self
+            .store
+            .prior(&problem.pattern, &problem.name, &|n| Split::Train.knows(n))?;
         let id = self
             .store
             .begin_episode(&problem.name, planner, self.version, self.seed)?;
@@ -1084,6 +1091,14 @@ impl Split {
             Split::All => true,
         }
     }
+
+    /// Whether the knowledge base reads `name`'s recorded steps for a
+    /// search on this split: the training problems', less the validation
+    /// problems' when those are searched. A held-out problem's outcomes
+    /// never reach a planner's observations.
+    pub fn knows(self, name: &str) -> bool {
+        !(held_out(name) || self == Split::Validation && validation(name))
+    }
 }
 
 /// What `mtmc explore` was asked to do.
@@ -1191,6 +1206,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         verbose: false,
         reuse: true,
         rejudge: false,
+        knowledge: req.split,
     };
     let mut log = Vec::new();
     for ((p, n), traced) in work.iter().zip(graphs) {
@@ -1309,8 +1325,14 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         );
     }
     let store = Store::open_to_read(req.store)?;
-    let all = tree::load(&store, None)?;
-    let trains = |name: &str| !(held_out(name) || req.validation && validation(name));
+    // The problems it trains on: those the knowledge base may read.
+    let split = if req.validation {
+        Split::Validation
+    } else {
+        Split::Train
+    };
+    let trains = |name: &str| split.knows(name);
+    let all = tree::load(&store, &trains)?;
     let (train, test): (Vec<TreeProblem>, Vec<TreeProblem>) =
         all.into_iter().partition(|p| trains(&p.problem.name));
     if train.is_empty() {
@@ -1618,7 +1640,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         policy_stops,
     } = req;
     let store = Store::open_to_read(store_path)?;
-    let problems: Vec<TreeProblem> = tree::load_by(&store, None, recorded_by)?
+    let problems: Vec<TreeProblem> = tree::load_by(&store, recorded_by, &|n| split.knows(n))?
         .into_iter()
         .filter(|p| split.keeps(&p.problem.name))
         .collect();
