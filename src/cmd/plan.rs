@@ -934,6 +934,9 @@ pub struct Recording<'a> {
     pub version: &'a str,
     /// The episode's seed.
     pub seed: u64,
+    /// The problems whose recorded steps the priors read: those this
+    /// split [`Split::knows`].
+    pub knowledge: Split,
 }
 
 /// An episode [`Recording::begin`] opened: the problem as the store holds
@@ -949,9 +952,10 @@ impl Recording<'_> {
     fn begin(&mut self, j: &Judging<'_>, planner: &str) -> Result<Opened> {
         let problem = j.problem.clone();
         self.store.put_problem(&problem)?;
+        let knowledge = self.knowledge;
         let prior = self
             .store
-            .prior(&problem.pattern, &problem.name, &|n| Split::Train.knows(n))?;
+            .prior(&problem.pattern, &problem.name, &|n| knowledge.knows(n))?;
         let id = self
             .store
             .begin_episode(&problem.name, planner, self.version, self.seed)?;
@@ -1234,6 +1238,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
                         store: &mut store,
                         version: &loaded.version,
                         seed,
+                        knowledge: req.split,
                     },
                 )
             } else if matches!(req.planner, Choice::Exhaustive) {
@@ -1247,6 +1252,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
                         store: &mut store,
                         version: &loaded.version,
                         seed,
+                        knowledge: req.split,
                     },
                 )
             } else {
