@@ -350,6 +350,11 @@ enum Command {
         /// pass's timings move by a few percent.
         #[arg(long, value_name = "DIR", requires = "live")]
         pool: Vec<PathBuf>,
+        /// Live: print the table of the episodes --out (and each --pool)
+        /// already holds and run none: what a pass that was stopped has
+        /// found so far, on the problems every planner finished.
+        #[arg(long, requires = "live")]
+        table_only: bool,
     },
     /// Send one tiny request to the configured LLM endpoint and say what
     /// works: reachable, model listed, reply in the expected JSON, latency.
@@ -734,6 +739,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             seed,
             policy_stops,
             pool,
+            table_only,
         } => {
             if !live {
                 return cmd::plan::compare(
@@ -768,6 +774,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     seed,
                     policy_stops,
                     pool: &pool,
+                    table_only,
                 },
             )
         }

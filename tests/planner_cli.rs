@@ -361,6 +361,28 @@ fn explore_train_compare_and_a_planned_optimize() {
     // the file is whole afterwards.
     let text = std::fs::read_to_string(&episodes).unwrap();
     std::fs::write(&episodes, &text[..text.len() - 10]).unwrap();
+    // `--table-only` prints what the stopped pass found, on the problems
+    // every planner finished, and runs and rewrites nothing.
+    let table = live_run_with("2", &["--table-only"]).success();
+    assert!(
+        table.stdout.contains("5 episode(s) in")
+            && table.stdout.contains("1 not run")
+            && table.stdout.contains("1 problem(s) left out")
+            && table.stdout.lines().any(|l| l.starts_with("trained")),
+        "{}",
+        table.stdout
+    );
+    assert_eq!(
+        std::fs::read_to_string(&episodes).unwrap(),
+        text[..text.len() - 10]
+    );
+    let nowhere = dir.path().join("no-pass").to_string_lossy().into_owned();
+    let err = live_in(&nowhere, "2", &["--table-only"]).failure();
+    assert!(
+        err.error.contains("holds no live comparison") && !dir.path().join("no-pass").exists(),
+        "{}",
+        err.error
+    );
     let run = live_run("2").success();
     assert!(
         run.stdout.contains("1 episode(s) to run (5 already in"),

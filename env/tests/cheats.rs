@@ -232,8 +232,16 @@ async fn eager_is_timed_beside_the_candidate_and_a_reference_slowed_by_it_is_not
     let mut ev = evaluator(python.clone(), false, Duration::from_secs(120));
     // Beside an honest candidate: eager's paired timing is the baseline,
     // within 5 % of its time alone (a 20 ms forward: the host's jitter is
-    // far below that).
-    let o = eval(&mut ev, "problem_slow_relu.py", "honest.py").await;
+    // far below that on an idle host; on one busy with other tests a
+    // sleep can overrun by more, so up to three tries, any of them
+    // paired).
+    let mut o = eval(&mut ev, "problem_slow_relu.py", "honest.py").await;
+    for _ in 0..2 {
+        if o.baselines["eager"].paired {
+            break;
+        }
+        o = eval(&mut ev, "problem_slow_relu.py", "honest.py").await;
+    }
     assert_eq!(o.status, Status::Correct, "{o:?}");
     let eager = &o.baselines["eager"];
     assert!(eager.paired, "{eager:?}");

@@ -60,6 +60,9 @@ pub struct LiveRequest<'a> {
     /// Folders of earlier passes of the same comparison whose finished
     /// episodes the table pools with this one's.
     pub pool: &'a [PathBuf],
+    /// Print the table of the episodes already finished and run none;
+    /// nothing in `out_dir` but `compare.json` is written.
+    pub table_only: bool,
 }
 
 /// What a live comparison was asked to do, kept in `settings.json`: a
@@ -295,9 +298,15 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     };
     // Earlier passes are checked before anything is written.
     let pooled = pooled_passes(req.out_dir, req.pool, &settings)?;
+    let settings_path = req.out_dir.join("settings.json");
+    if req.table_only && !settings_path.exists() {
+        bail!(
+            "`{}` holds no live comparison (no settings.json): --table-only prints what a pass already found; drop it to start one, or pass the --out a pass wrote",
+            req.out_dir.display()
+        );
+    }
     std::fs::create_dir_all(req.out_dir)
         .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
-    let settings_path = req.out_dir.join("settings.json");
     if settings_path.exists() {
         let text = std::fs::read_to_string(&settings_path)
             .with_context(|| format!("cannot read `{}`", settings_path.display()))?;
@@ -323,7 +332,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     let (mut done, cut) = finished(&episodes_path)?;
     // Rewrite the file when a kill cut its last line short, so that the
     // next line starts on a line of its own.
-    if cut {
+    if cut && !req.table_only {
         let text: String = done
             .iter()
             .map(|f| serde_json::to_string(f).map(|l| l + "\n"))
@@ -332,8 +341,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .with_context(|| format!("cannot write `{}`", episodes_path.display()))?;
     }
     let logs = req.out_dir.join("logs");
-    std::fs::create_dir_all(&logs)
-        .with_context(|| format!("cannot create `{}`", logs.display()))?;
+    if !req.table_only {
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("cannot create `{}`", logs.display()))?;
+    }
 
     let planners = compared(req.checkpoint);
     for (_, choice) in &planners {
@@ -356,12 +367,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             }
         }
     }
-    // The build that runs the episodes left, named in each one's line.
-    let build = (!work.is_empty()).then(build_id).transpose()?;
-    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
-    writeln!(
-        out,
-        "compare --live: {} problem(s) ({} split), planners {}, budget {}; {} episode(s) to run ({} already in {}); {}",
+    let what = format!(
+        "{} problem(s) ({} split), planners {}, budget {}",
         recorded.len(),
         settings.split,
         planners
@@ -370,17 +377,36 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .collect::<Vec<_>>()
             .join(", "),
         req.budget,
-        work.len(),
-        have.len(),
-        episodes_path.display(),
-        if work.is_empty() {
-            "nothing to run"
-        } else if gpu {
-            "judged on the GPU"
-        } else {
-            "no GPU: compile only, nothing is run or timed (every speedup is 0)"
-        }
-    )?;
+    );
+    if req.table_only {
+        writeln!(
+            out,
+            "compare --live --table-only: {what}; {} episode(s) in {}, {} not run",
+            have.len(),
+            episodes_path.display(),
+            work.len(),
+        )?;
+        work.clear();
+    }
+    // The build that runs the episodes left, named in each one's line.
+    let build = (!work.is_empty()).then(build_id).transpose()?;
+    let gpu = !req.table_only && mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    if !req.table_only {
+        writeln!(
+            out,
+            "compare --live: {what}; {} episode(s) to run ({} already in {}); {}",
+            work.len(),
+            have.len(),
+            episodes_path.display(),
+            if work.is_empty() {
+                "nothing to run"
+            } else if gpu {
+                "judged on the GPU"
+            } else {
+                "no GPU: compile only, nothing is run or timed (every speedup is 0)"
+            }
+        )?;
+    }
 
     if !work.is_empty() {
         let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
