@@ -376,10 +376,10 @@ fn explore_train_compare_and_a_planned_optimize() {
         std::fs::read_to_string(&episodes).unwrap(),
         text[..text.len() - 10]
     );
-    let nowhere = dir.path().join("no-pass").to_string_lossy().into_owned();
-    let err = live_in(&nowhere, "2", &["--table-only"]).failure();
+    let nowhere = dir.path().join("no-pass");
+    let err = live_in(&nowhere.to_string_lossy(), "2", &["--table-only"]).failure();
     assert!(
-        err.error.contains("holds no live comparison") && !dir.path().join("no-pass").exists(),
+        err.error.contains("holds no live comparison") && !nowhere.exists(),
         "{}",
         err.error
     );

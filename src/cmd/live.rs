@@ -378,7 +378,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .join(", "),
         req.budget,
     );
-    if req.table_only {
+    let gpu = if req.table_only {
         writeln!(
             out,
             "compare --live --table-only: {what}; {} episode(s) in {}, {} not run",
@@ -387,11 +387,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             work.len(),
         )?;
         work.clear();
-    }
-    // The build that runs the episodes left, named in each one's line.
-    let build = (!work.is_empty()).then(build_id).transpose()?;
-    let gpu = !req.table_only && mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
-    if !req.table_only {
+        false
+    } else {
+        let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
         writeln!(
             out,
             "compare --live: {what}; {} episode(s) to run ({} already in {}); {}",
@@ -406,7 +404,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                 "no GPU: compile only, nothing is run or timed (every speedup is 0)"
             }
         )?;
-    }
+        gpu
+    };
+    // The build that runs the episodes left, named in each one's line.
+    let build = (!work.is_empty()).then(build_id).transpose()?;
 
     if !work.is_empty() {
         let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
