@@ -9,6 +9,7 @@
 //! runs move together.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use mtmc_planner::rng::Rng;
 
@@ -42,7 +43,15 @@ pub(crate) struct Paired {
     /// `against`'s, and below.
     pub(crate) ahead: usize,
     pub(crate) behind: usize,
+    /// The problems where `planner` was furthest behind (more than
+    /// [`MARGIN`], at most [`NAMED`]), worst first, with the ratio of its
+    /// best to `against`'s (over their runs, the geometric mean): where to
+    /// look for what it misses.
+    pub(crate) furthest_behind: Vec<(String, f64)>,
 }
+
+/// Problems named in [`Paired::furthest_behind`].
+const NAMED: usize = 3;
 
 /// The pairs a comparison is read by: trained against random and greedy
 /// when a trained planner is in it, else greedy against random (those
@@ -73,8 +82,8 @@ pub(crate) fn paired(problems: &[ProblemRow], planner: &str, against: &str) -> O
             .or_default()
             .push(a.ln() - b.ln());
     }
-    let groups: Vec<Vec<f64>> = by_problem.into_values().collect();
-    let logs: Vec<f64> = groups.iter().flatten().copied().collect();
+    let groups: Vec<&Vec<f64>> = by_problem.values().collect();
+    let logs: Vec<f64> = groups.iter().flat_map(|g| g.iter().copied()).collect();
     if logs.is_empty() {
         return None;
     }
@@ -94,6 +103,13 @@ pub(crate) fn paired(problems: &[ProblemRow], planner: &str, against: &str) -> O
     draws.sort_by(f64::total_cmp);
     let at = |q: f64| draws[((q * RESAMPLES as f64) as usize).min(RESAMPLES - 1)];
     let margin = (1.0 + MARGIN).ln();
+    let mut furthest_behind: Vec<(String, f64)> = by_problem
+        .iter()
+        .map(|(name, g)| (name.to_string(), g.iter().sum::<f64>() / g.len() as f64))
+        .filter(|&(_, mean)| mean < -margin)
+        .collect();
+    furthest_behind.sort_by(|a, b| a.1.total_cmp(&b.1));
+    furthest_behind.truncate(NAMED);
     Some(Paired {
         planner: planner.to_string(),
         against: against.to_string(),
@@ -104,6 +120,10 @@ pub(crate) fn paired(problems: &[ProblemRow], planner: &str, against: &str) -> O
         runs: logs.len(),
         ahead: logs.iter().filter(|&&d| d > margin).count(),
         behind: logs.iter().filter(|&&d| d < -margin).count(),
+        furthest_behind: furthest_behind
+            .into_iter()
+            .map(|(name, mean)| (name, mean.exp()))
+            .collect(),
     })
 }
 
@@ -125,11 +145,33 @@ pub(crate) fn line(pairs: &[Paired]) -> Option<String> {
             )
         })
         .collect();
-    Some(format!(
+    let mut text = format!(
         "paired over {over} (95 % interval, bootstrap over problems; runs ahead or behind by more than {:.1} %): {}",
         100.0 * MARGIN,
         parts.join("; ")
-    ))
+    );
+    let behind: Vec<String> = pairs
+        .iter()
+        .filter(|p| !p.furthest_behind.is_empty())
+        .map(|p| {
+            let named: Vec<String> = p
+                .furthest_behind
+                .iter()
+                .map(|(name, r)| format!("{} {r:.3}x", short(name)))
+                .collect();
+            format!("{} / {} {}", p.planner, p.against, named.join(", "))
+        })
+        .collect();
+    if !behind.is_empty() {
+        write!(text, "\nfurthest behind: {}", behind.join("; ")).expect("a String takes writes");
+    }
+    Some(text)
+}
+
+/// A problem's name up to its first `_` (`L2/34_ConvTranspose3d_…` →
+/// `L2/34`), the whole name when it has none.
+fn short(name: &str) -> &str {
+    name.split('_').next().unwrap_or(name)
 }
 
 #[cfg(test)]
@@ -197,6 +239,36 @@ mod tests {
         let p = paired(&rows, "trained", "greedy").unwrap();
         assert!((p.ratio - 2f64.sqrt()).abs() < 1e-9, "{p:?}");
         assert_eq!((p.ahead, p.behind), (1, 0));
+        assert!(p.furthest_behind.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn the_problems_furthest_behind_are_named_worst_first() {
+        // Behind on five problems by 1 % to 30 %, level on one, ahead on
+        // one: the three worst are named, each by its runs' mean.
+        let mut rows: Vec<ProblemRow> = [0.7, 0.99, 0.8, 0.9, 0.95, 1.0, 1.2]
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| row(&format!("L2/{k}_Conv_ReLU"), 2.0 * t, 2.0))
+            .collect();
+        // A second run of L2/0: its ratio is its runs' geometric mean,
+        // which puts it second.
+        rows.push(row("L2/0_Conv_ReLU", 2.0 * 0.95, 2.0));
+        let p = paired(&rows, "trained", "greedy").unwrap();
+        let named: Vec<&str> = p.furthest_behind.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            named,
+            ["L2/2_Conv_ReLU", "L2/0_Conv_ReLU", "L2/3_Conv_ReLU"]
+        );
+        let second = (0.7f64 * 0.95).sqrt();
+        assert!((p.furthest_behind[1].1 - second).abs() < 1e-9, "{p:?}");
+        let text = line(&[p]).unwrap();
+        assert!(
+            text.ends_with(&format!(
+                "\nfurthest behind: trained / greedy L2/2 0.800x, L2/0 {second:.3}x, L2/3 0.900x"
+            )),
+            "{text}"
+        );
     }
 
     #[test]
