@@ -85,6 +85,12 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
             "y = x + tanh(layer_norm(x, w, b, dim=-1))",
             "x=64x65536,w=65536,b=65536",
         ),
+        // F.normalize over the last dim: rows in registers (4 lanes of 8,
+        // a chain after), a block of 1024 per row of 16384 (a chain in
+        // front), and a block looping over each long row.
+        ("y = normalize(x, dim=-1) * 3.0", "x=4096x32"),
+        ("y = normalize(relu(x) - 0.25, dim=-1)", "x=64x16384"),
+        ("y = normalize(x, dim=-1)", "x=16x65536"),
         ("y = sum(x, dim=0)", "x=2048x512"),
         // Scans of many rows: a warp per row, with 16-byte loads (rows of
         // 1000) or through the fused chain (rows of 1001).

@@ -624,7 +624,14 @@ pub enum Layout {
         subscript: String,
     },
     /// Advanced indexing with tensors (gather).
-    Gather,
+    Gather {
+        /// The index as written, each index tensor a `#` in the order of
+        /// the node's inputs after the first: `[#]`, `[:, #]`, `[#, #]`.
+        /// Empty in graphs made before it was kept: those render only
+        /// `x[index]` with one index tensor.
+        #[serde(default)]
+        subscript: String,
+    },
     /// Concatenation along a dim.
     Concat {
         /// The joined dim.
@@ -924,6 +931,8 @@ impl fmt::Display for Op {
             Op::Layout(l) => match l {
                 Layout::Permute { perm } => write!(f, "permute {perm:?}"),
                 Layout::Slice { subscript } => write!(f, "slice {subscript}"),
+                Layout::Gather { subscript } if subscript.is_empty() => write!(f, "gather"),
+                Layout::Gather { subscript } => write!(f, "gather {subscript}"),
                 Layout::Concat { dim } => write!(f, "concat dim={dim}"),
                 Layout::Stack { dim } => write!(f, "stack dim={dim}"),
                 Layout::Flip { dims } => write!(f, "flip {dims:?}"),

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
-use mtmc_actions::op::{Conv, Layout, MatMul, Op};
+use mtmc_actions::op::{Conv, Layout, MatMul, Op, Rnn, RnnCell};
 
 use crate::program::{Lang, Program};
 
@@ -508,10 +508,72 @@ fn torch_fallback(
             {
                 format!("{x}.{subscript}")
             }
+            Layout::Gather { subscript } => gather_call(x, subscript, &ins[1..])?,
             _ => return None,
         },
         _ => return None,
     })
+}
+
+/// `x` indexed by the tensors `index` where the gather's subscript has
+/// its `#`s; a subscript left empty (a graph made before subscripts were
+/// kept) reads as `[#]`.
+fn gather_call(x: &str, subscript: &str, index: &[String]) -> Option<String> {
+    let subscript = if subscript.is_empty() {
+        "[#]"
+    } else {
+        subscript
+    };
+    if subscript.matches('#').count() != index.len() {
+        return None;
+    }
+    let mut out = x.to_string();
+    let mut tensors = index.iter();
+    for c in subscript.chars() {
+        match c {
+            '#' => out.push_str(tensors.next()?),
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// The torch call of a recurrent layer stack, which returns its output
+/// sequence, then the last hidden state (and an LSTM's last cell state):
+/// `torch.lstm`, `torch.gru`, `torch.rnn_tanh`, `torch.rnn_relu`, the
+/// functions `nn.LSTM` and its kin call. `ins` is the input, the initial
+/// states when given (zeros like the last ones otherwise), then the
+/// weights in the order those take them; `hidden` is the last hidden
+/// state's type. Without dropout: the graph keeps none.
+fn rnn_call(r: &Rnn, ins: &[String], hidden: &mtmc_actions::dtype::TensorType) -> Option<String> {
+    let py = |b: bool| if b { "True" } else { "False" };
+    let directions = if r.bidirectional { 2 } else { 1 };
+    let per = if r.bias { 4 } else { 2 };
+    let weights = usize::try_from(r.layers * directions * per).ok()?;
+    let x = ins.first()?;
+    let states = ins.len().checked_sub(1 + weights)?;
+    let zeros = format!("{x}.new_zeros({})", tuple(&hidden.shape));
+    let hx = match (r.cell, states) {
+        (RnnCell::Lstm, 2) => format!("[{}, {}]", ins[1], ins[2]),
+        (RnnCell::Lstm, 0) => format!("[{zeros}, {zeros}]"),
+        (RnnCell::Lstm, _) | (_, 2..) => return None,
+        (_, 1) => ins[1].clone(),
+        (_, _) => zeros,
+    };
+    let f = match r.cell {
+        RnnCell::Lstm => "lstm",
+        RnnCell::Gru => "gru",
+        RnnCell::Tanh => "rnn_tanh",
+        RnnCell::Relu => "rnn_relu",
+    };
+    Some(format!(
+        "torch.{f}({x}, {hx}, [{}], {}, {}, 0.0, False, {}, {})",
+        ins[1 + states..].join(", "),
+        py(r.bias),
+        r.layers,
+        py(r.bidirectional),
+        py(r.batch_first)
+    ))
 }
 
 /// The transpose of a dense `[N, C, S]` float32 tensor into its dense
@@ -793,12 +855,28 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                 };
             }
         }
-        // `split` makes several tensors: the tuple, then each part.
-        if let Op::Layout(Layout::Slice { subscript }) = &node.op
-            && subscript.starts_with("split(")
-        {
+        // `split` and recurrent stacks make several tensors: the tuple,
+        // then each part.
+        let several = match &node.op {
+            Op::Layout(Layout::Slice { subscript }) if subscript.starts_with("split(") => {
+                Some(format!("{}.{subscript}", ins[0]))
+            }
+            Op::Rnn(r) => Some(
+                node.outputs
+                    .get(1)
+                    .and_then(|hidden| rnn_call(r, &ins, hidden))
+                    .ok_or_else(|| {
+                        format!(
+                            "`{}` ({}) takes inputs that have no torch rendering yet",
+                            node.name, node.op
+                        )
+                    })?,
+            ),
+            _ => None,
+        };
+        if let Some(call) = several {
             let v = format!("t{}", id.index());
-            let _ = writeln!(body, "        {v} = {}.{subscript}", ins[0]);
+            let _ = writeln!(body, "        {v} = {call}");
             for output in 0..node.outputs.len() {
                 let part = format!("{v}_{output}");
                 let _ = writeln!(body, "        {part} = {v}[{output}].contiguous()");

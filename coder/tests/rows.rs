@@ -203,6 +203,56 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
     }
 }
 
+/// `F.normalize` with p = 2 over the last dim is a norm kernel that takes
+/// the mean as 0 and divides by the row's length (`1 / max(‖x‖₂, ε)`):
+/// short rows in registers, long ones by a block each; over another dim,
+/// or with another p, it is refused with what is written.
+#[test]
+fn normalize_over_the_last_dim_divides_rows_by_their_length() {
+    let lp = |op: &mtmc_actions::op::Op| matches!(op, mtmc_actions::op::Op::Norm(_));
+    for (shape, how) in [
+        (
+            "x=4096x32",
+            "4 thread(s) per row holding 8 elements each in registers",
+        ),
+        (
+            "x=64x16384",
+            "1024 thread(s) per row holding 16 elements each in registers",
+        ),
+        (
+            "x=16x65536",
+            "for (long long k = threadIdx.x; k < K; k += blockDim.x)",
+        ),
+    ] {
+        let g = graph("y = normalize(x, dim=-1)", shape);
+        let f = common::realize_first(&g, lp).unwrap();
+        compiles(&f, shape);
+        for part in [
+            how,
+            "const float mean = 0.0f;",
+            "1.0f / fmaxf(sqrtf(squares), 1e-12f)",
+        ] {
+            assert!(
+                f.source.contains(part),
+                "{shape}: {part} missing:\n{}",
+                f.source
+            );
+        }
+        assert!(!f.source.contains("rsqrtf"), "{}", f.source);
+    }
+    for (src, why) in [
+        ("y = normalize(x, dim=0)", "p = 2 over dim 0 of 2"),
+        ("y = normalize(x, dim=1, p=1.0)", "p = 1 over dim 1 of 2"),
+    ] {
+        let g = graph(src, "x=64x256");
+        let e = common::realize_first(&g, lp).unwrap_err();
+        assert!(
+            e.to_string().contains(why) && e.to_string().contains("only p = 2 over the last dim"),
+            "{src}: {e}"
+        );
+    }
+}
+
 #[test]
 fn norms_and_softmax_take_a_chain_in_front_and_one_after_in_one_kernel() {
     // Rows of 64 in registers, of 4000 a block each, of 65536 a team of

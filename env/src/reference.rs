@@ -77,6 +77,8 @@ pub struct Reference<'g> {
     memo: HashMap<(TensorRef, usize), f64>,
     rows: HashMap<(TensorRef, usize), (f64, f64)>,
     lines: HashMap<(TensorRef, usize), Vec<f64>>,
+    /// `max(‖line‖_p, ε)` of the lines an Lp norm divides by.
+    lengths: HashMap<(TensorRef, usize), f64>,
     /// Each node's inputs and whether every one has the node's own shape.
     operands: HashMap<NodeId, (Vec<TensorRef>, bool)>,
 }
@@ -167,6 +169,7 @@ impl<'g> Reference<'g> {
             memo: HashMap::new(),
             rows: HashMap::new(),
             lines: HashMap::new(),
+            lengths: HashMap::new(),
             operands,
         })
     }
@@ -545,6 +548,26 @@ impl<'g> Reference<'g> {
         let (dims, rms) = match n.kind {
             NormKind::Layer { dims } => (dims, false),
             NormKind::Rms { dims } => (dims, true),
+            NormKind::Lp { p, dim } => {
+                let mut idx = unravel(flat, shape);
+                idx[dim] = 0;
+                let key = (ins[0], ravel(&idx, shape) * shape.len() + dim);
+                let length = match self.lengths.get(&key) {
+                    Some(&l) => l,
+                    None => {
+                        let (_, _, v) = self.line(ins[0], dim, shape, flat)?;
+                        let l = v
+                            .iter()
+                            .map(|x| x.abs().powf(p))
+                            .sum::<f64>()
+                            .powf(1.0 / p)
+                            .max(n.eps);
+                        self.lengths.insert(key, l);
+                        l
+                    }
+                };
+                return Ok(self.element(ins[0], flat)? / length);
+            }
             _ => return Err(self.unsupported(t)),
         };
         let inner: usize = shape[shape.len() - dims..].iter().product();

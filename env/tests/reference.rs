@@ -92,6 +92,43 @@ fn layer_norm_gives_rows_of_zero_mean_and_unit_variance() {
     }
 }
 
+/// `normalize` (F.normalize) divides each line along its dim by the
+/// line's p-norm, or by ε when that is smaller: over the last dim and over
+/// the first, with p = 2 and p = 1, and a line of zeros stays zeros.
+#[test]
+fn normalize_divides_each_line_by_its_p_norm() {
+    let x: Vec<f64> = random(24, 7)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| if i < 8 { 0.0 } else { v })
+        .collect();
+    let inputs = HashMap::from([("x".to_string(), x.clone())]);
+    for (src, p) in [
+        ("y = normalize(x, dim=-1)", 2.0),
+        ("y = normalize(x, dim=1, p=1.0)", 1.0),
+    ] {
+        let got = all(&graph(src, "x=3x8"), &inputs);
+        for (row, (g, x)) in got.chunks(8).zip(x.chunks(8)).enumerate() {
+            let length = x.iter().map(|v| v.abs().powf(p)).sum::<f64>().powf(1.0 / p);
+            for (g, x) in g.iter().zip(x) {
+                assert!(
+                    close(*g, x / length.max(1e-12)),
+                    "{src} row {row}: {g} {x} {length}"
+                );
+            }
+        }
+    }
+    let got = all(&graph("y = normalize(x, dim=0)", "x=3x8"), &inputs);
+    for c in 0..8 {
+        let column = [x[c], x[8 + c], x[16 + c]];
+        let length = column.iter().map(|v| v * v).sum::<f64>().sqrt();
+        for r in 0..3 {
+            assert!(close(got[r * 8 + c], column[r] / length), "column {c}");
+        }
+    }
+    assert!(got.iter().all(|v| v.is_finite()));
+}
+
 #[test]
 fn reductions_and_scans_match_the_loops() {
     let x: Vec<f64> = vec![3.0, -1.0, 4.0, 1.0, -5.0, 9.0];

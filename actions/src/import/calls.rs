@@ -338,6 +338,38 @@ fn unary(c: &Call, op: UnaryOp) -> Lower {
     Ok(Lowered::Node(Op::Unary(op), vec![c.tensor(0, "input")?]))
 }
 
+/// `clamp` and its one-sided forms, each bound at its position: numbers
+/// are one clamp; a tensor bound (alone) is the elementwise maximum with
+/// it (`min`) or the minimum (`max`).
+fn clamp(c: &Call, min: Option<usize>, max: Option<usize>) -> Lower {
+    let bound = |at: Option<usize>, name: &str| match at.and_then(|i| c.arg(i, name)) {
+        Some(Val::Tensor(t)) => Ok(Some(*t)),
+        Some(Val::Tuple(_)) => Err(format!("`{name}` is not a number or a tensor")),
+        _ => Ok(None),
+    };
+    let number = |at: Option<usize>, name: &str| match at {
+        Some(i) => c.opt_f64(i, name),
+        None => Ok(None),
+    };
+    let x = c.tensor(0, "input")?;
+    match (bound(min, "min")?, bound(max, "max")?) {
+        (None, None) => unary(
+            c,
+            UnaryOp::Clamp {
+                min: number(min, "min")?,
+                max: number(max, "max")?,
+            },
+        ),
+        (Some(t), None) if number(max, "max")?.is_none() => {
+            Ok(Lowered::Node(Op::Binary(BinaryOp::Maximum), vec![x, t]))
+        }
+        (None, Some(t)) if number(min, "min")?.is_none() => {
+            Ok(Lowered::Node(Op::Binary(BinaryOp::Minimum), vec![x, t]))
+        }
+        _ => Err("a clamp with a tensor bound and a second bound is not modelled".into()),
+    }
+}
+
 fn binary(c: &Call, op: BinaryOp, reflected: bool) -> Lower {
     if let Some(alpha) = c.konst(2, "alpha").and_then(num)
         && alpha != 1.0
@@ -472,6 +504,26 @@ fn subscript(v: &Value) -> String {
     }
 }
 
+/// An index with tensors as written, each tensor a `#` in the order
+/// `Val::tensors` lists them: `[#]`, `[:, #]`. `None` for what has no such
+/// text: a list inside the index.
+fn gather_subscript(index: &Val) -> Option<String> {
+    let item = |v: &Val| match v {
+        Val::Tensor(_) => Some("#".to_string()),
+        Val::Const(Value::Array(_)) | Val::Tuple(_) => None,
+        Val::Const(c) => Some(subscript(c)),
+    };
+    let text = match index {
+        Val::Tuple(items) => items
+            .iter()
+            .map(item)
+            .collect::<Option<Vec<_>>>()?
+            .join(", "),
+        other => item(other)?,
+    };
+    Some(format!("[{text}]"))
+}
+
 fn getitem(c: &Call) -> Lower {
     let index = c.args.get(1).ok_or("missing index")?;
     match c.args.first() {
@@ -505,7 +557,11 @@ fn getitem(c: &Call) -> Lower {
             } else {
                 let mut inputs = vec![*x];
                 inputs.extend(index_tensors);
-                Ok(Lowered::Node(Op::Layout(Layout::Gather), inputs))
+                let subscript = gather_subscript(index).unwrap_or_default();
+                Ok(Lowered::Node(
+                    Op::Layout(Layout::Gather { subscript }),
+                    inputs,
+                ))
             }
         }
         _ => Err("indexing something that is not a tensor or tuple".into()),
@@ -777,6 +833,47 @@ fn loss(c: &Call, kind: LossKind, operands: usize, reduction_pos: usize) -> Lowe
     ))
 }
 
+/// A recurrent module's weights in the order `torch.lstm` and its kin
+/// take them (the module's `_flat_weights`): per layer, per direction,
+/// `weight_ih`, `weight_hh`, then `bias_ih`, `bias_hh`.
+fn flat_weights(
+    c: &Call,
+    layers: u64,
+    bidirectional: bool,
+    bias: bool,
+) -> Result<Vec<TensorRef>, String> {
+    let directions: &[&str] = if bidirectional {
+        &["", "_reverse"]
+    } else {
+        &[""]
+    };
+    let kinds: &[&str] = if bias {
+        &["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
+    } else {
+        &["weight_ih", "weight_hh"]
+    };
+    let mut out = Vec::new();
+    for layer in 0..layers {
+        for direction in directions {
+            for kind in kinds {
+                let name = format!("{kind}_l{layer}{direction}");
+                out.push(
+                    c.param(&name)
+                        .ok_or_else(|| format!("the recurrent module has no `{name}`"))?,
+                );
+            }
+        }
+    }
+    if out.len() != c.params.len() {
+        return Err(format!(
+            "the recurrent module has {} parameters, {} of them its gates' (projections are not read yet)",
+            c.params.len(),
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
 fn rnn(im: &Importer, c: &Call, cell: RnnCell) -> Lower {
     let x = c.tensor(0, "input")?;
     let mut inputs = vec![x];
@@ -788,7 +885,10 @@ fn rnn(im: &Importer, c: &Call, cell: RnnCell) -> Lower {
             Some("relu") => RnnCell::Relu,
             _ => cell,
         };
-        inputs.extend(c.params.values().copied());
+        let layers = c.attr("num_layers").and_then(Value::as_u64).unwrap_or(1);
+        let bidirectional = c.attr_bool("bidirectional", false);
+        let bias = c.attr_bool("bias", true);
+        inputs.extend(flat_weights(c, layers, bidirectional, bias)?);
         Rnn {
             cell,
             input_size: c
@@ -799,10 +899,10 @@ fn rnn(im: &Importer, c: &Call, cell: RnnCell) -> Lower {
                 .attr("hidden_size")
                 .and_then(Value::as_u64)
                 .ok_or("no hidden_size")?,
-            layers: c.attr("num_layers").and_then(Value::as_u64).unwrap_or(1),
-            bidirectional: c.attr_bool("bidirectional", false),
+            layers,
+            bidirectional,
             batch_first: c.attr_bool("batch_first", false),
-            bias: c.attr_bool("bias", true),
+            bias,
         }
     } else {
         // torch.lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first)
@@ -963,27 +1063,9 @@ fn lower(im: &Importer, c: &Call) -> Lower {
             },
         ),
         "selu" | "F.selu" | "nn.SELU" => unary(c, U::Selu),
-        "clamp" | "clip" => unary(
-            c,
-            U::Clamp {
-                min: c.opt_f64(1, "min")?,
-                max: c.opt_f64(2, "max")?,
-            },
-        ),
-        "clamp_min" => unary(
-            c,
-            U::Clamp {
-                min: c.opt_f64(1, "min")?,
-                max: None,
-            },
-        ),
-        "clamp_max" => unary(
-            c,
-            U::Clamp {
-                min: None,
-                max: c.opt_f64(1, "max")?,
-            },
-        ),
+        "clamp" | "clip" => clamp(c, Some(1), Some(2)),
+        "clamp_min" => clamp(c, Some(1), None),
+        "clamp_max" => clamp(c, None, Some(1)),
         "exp" => unary(c, U::Exp),
         "log" => unary(c, U::Log),
         "abs" => unary(c, U::Abs),
@@ -1598,7 +1680,11 @@ fn lower(im: &Importer, c: &Call) -> Lower {
             constant(Fill::Random)
         }
         "arange" => constant(Fill::Arange),
-        "tensor" | "as_tensor" => constant(Fill::Literal),
+        // A number is a full tensor of no dims; a list stays a literal.
+        "tensor" | "as_tensor" => match c.konst(0, "data").and_then(num) {
+            Some(v) => constant(Fill::Full(v)),
+            None => constant(Fill::Literal),
+        },
 
         _ => Err(format!("`{key}` is not in the op vocabulary")),
     }

@@ -850,6 +850,17 @@ impl<'a> Lowerer<'a> {
                 reverse: flag("reverse")?,
                 exclusive: flag("exclusive")?,
             }),
+            // `F.normalize`: x / max(‖x‖_p, ε) along one dim.
+            Kind::Normalize => Op::Norm(Norm {
+                kind: NormKind::Lp {
+                    p: number("p", Some(2.0))?.unwrap_or(2.0),
+                    dim: single_dim(self, &x)?,
+                },
+                eps: number("eps", Some(1e-12))?.unwrap_or(1e-12),
+                affine: false,
+                bias: false,
+                batch_stats: true,
+            }),
             Kind::Norm { rms } => {
                 let dims = dims_arg(self, &x, false)?.unwrap_or_else(|| vec![ty.rank() - 1]);
                 let trailing = dims
@@ -927,6 +938,7 @@ enum Kind {
     Softmax { log: bool },
     Scan { prod: bool },
     Norm { rms: bool },
+    Normalize,
     Transpose,
 }
 
@@ -986,6 +998,7 @@ pub const FUNCTIONS: &[&str] = &[
     "cumprod",
     "layer_norm",
     "rms_norm",
+    "normalize",
     "transpose",
 ];
 
@@ -1103,6 +1116,12 @@ fn signature(name: &str) -> Option<Signature> {
             min_tensors: 1,
             max_tensors: if name == "rms_norm" { 2 } else { 3 },
             params: &["dim", "eps"],
+        },
+        "normalize" => Signature {
+            kind: Kind::Normalize,
+            min_tensors: 1,
+            max_tensors: 1,
+            params: &["dim", "p", "eps"],
         },
         "transpose" => Signature {
             kind: Kind::Transpose,

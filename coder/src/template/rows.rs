@@ -875,11 +875,16 @@ fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refu
             };
             (n * c, shape[2..].iter().product(), channel)
         }
-        other => {
+        NormKind::Lp { p, dim } if *p == 2.0 && dim + 1 == shape.len() => {
+            (shape[..*dim].iter().product(), shape[*dim], "k".into())
+        }
+        NormKind::Lp { p, dim } => {
             return Err(Refusal::new(format!(
-                "no row kernel yet for {other:?} (its statistics run across rows)"
+                "no row kernel yet for F.normalize with p = {p} over dim {dim} of {} (only p = 2 over the last dim)",
+                shape.len()
             )));
         }
+        NormKind::Batch => return Err(Refusal::new("batch norm has a kernel of its own")),
     })
 }
 
@@ -922,7 +927,8 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         return batch_norm(g, action, name, *eps, *affine, *bias);
     }
     let (rows, k, channel) = channel_of(kind, &shape)?;
-    let rms = matches!(kind, NormKind::Rms { .. });
+    let stat = Stat::of(kind);
+    let rms = stat != Stat::Deviation;
     let block = one_per_thread(action, "norm")?;
     let (mut params, inputs) = norm_operands(&ins, *affine, *bias);
     let scale = if *affine {
@@ -957,12 +963,15 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         })
     };
     // Rows longer than a block holds in registers, or few rows: a team of
-    // blocks per row, or when the team would be too large, two launches.
-    if let Some(splits) = team_splits(rows, k, block, k.is_multiple_of(4)) {
-        return Ok(split(splits, true)?.fragment(name, action, params, inputs, node));
-    }
-    if let Some(splits) = norm_splits(rows, k, block) {
-        return Ok(split(splits, false)?.fragment(name, action, params, inputs, node));
+    // blocks per row, or when the team would be too large, two launches
+    // (not written for a length: those take the loops below).
+    if stat != Stat::Length {
+        if let Some(splits) = team_splits(rows, k, block, k.is_multiple_of(4)) {
+            return Ok(split(splits, true)?.fragment(name, action, params, inputs, node));
+        }
+        if let Some(splits) = norm_splits(rows, k, block) {
+            return Ok(split(splits, false)?.fragment(name, action, params, inputs, node));
+        }
     }
     params.extend(sizes);
     if let Some((threads, per)) = register_row(k) {
@@ -972,7 +981,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
             k,
             threads,
             per,
-            rms,
+            stat,
             eps: lit(*eps)?,
         };
         let (src, launch) = norm.source(name, &what, &params, block, &scale, &shift);
@@ -1011,8 +1020,8 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     sum(&mut src, "squares", "(v - mean) * (v - mean)");
     let _ = writeln!(
         src,
-        "        const float rstd = rsqrtf(squares / (float)K + {});",
-        lit(*eps)?
+        "        const float rstd = {};",
+        stat.rstd("squares", "K", &lit(*eps)?)
     );
     let _ = writeln!(
         src,
@@ -1055,9 +1064,43 @@ struct RegisterNorm {
     k: u64,
     threads: u64,
     per: u64,
-    rms: bool,
+    stat: Stat,
     /// ε, as a float literal.
     eps: String,
+}
+
+/// What a row norm divides each row by.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stat {
+    /// The standard deviation around the row's mean (layer, group and
+    /// instance norms): `rsqrt(var + ε)`.
+    Deviation,
+    /// The root mean square, the mean taken as 0 (RMS norm).
+    Rms,
+    /// The Euclidean length, the mean taken as 0: `1 / max(‖x‖₂, ε)`
+    /// (`F.normalize` with p = 2).
+    Length,
+}
+
+impl Stat {
+    fn of(kind: &NormKind) -> Stat {
+        match kind {
+            NormKind::Rms { .. } => Stat::Rms,
+            NormKind::Lp { .. } => Stat::Length,
+            _ => Stat::Deviation,
+        }
+    }
+
+    /// The factor a row is scaled by, from the sum of its squared
+    /// deviations `squares` over `count` elements.
+    fn rstd(self, squares: &str, count: &str, eps: &str) -> String {
+        match self {
+            Stat::Length => format!("1.0f / fmaxf(sqrtf({squares}), {eps})"),
+            Stat::Deviation | Stat::Rms => {
+                format!("rsqrtf({squares} / (float){count} + {eps})")
+            }
+        }
+    }
 }
 
 impl RegisterNorm {
@@ -1120,7 +1163,7 @@ impl RegisterNorm {
                 lanes_reduce(src, var, "a + b", threads);
             }
         };
-        if self.rms {
+        if self.stat != Stat::Deviation {
             let _ = writeln!(
                 src,
                 "{each} v_[j] = live && k < K ? LOAD_X(xr + k) : 0.0f; }}"
@@ -1143,8 +1186,8 @@ impl RegisterNorm {
         reduce(&mut src, "squares");
         let _ = writeln!(
             src,
-            "        const float rstd = rsqrtf(squares / (float)K + {});",
-            self.eps
+            "        const float rstd = {};",
+            self.stat.rstd("squares", "K", &self.eps)
         );
         let _ = writeln!(
             src,
