@@ -111,8 +111,15 @@ pub enum Op {
 pub enum Fill {
     /// Every element equal to this value.
     Full(f64),
-    /// Random numbers (`randn`, `rand`).
+    /// Random numbers of another kind (`randint`, `normal`, or drawn from
+    /// a generator of their own).
     Random,
+    /// Standard normal numbers from torch's global generator (`randn`,
+    /// `randn_like`).
+    RandomNormal,
+    /// Uniform numbers in [0, 1) from torch's global generator (`rand`,
+    /// `rand_like`).
+    RandomUniform,
     /// A literal from the source (`torch.tensor([...])`).
     Literal,
     /// `arange`.

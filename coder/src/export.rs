@@ -185,16 +185,22 @@ fn torch_fallback(
         AdaptivePool, BinaryOp as B, Layout, Loss, LossKind, Norm, NormKind, Pool, Reduce,
         ReduceOp as R, Reduction, Scan, UnaryOp as U,
     };
-    if let Op::Constant {
-        fill: mtmc_actions::op::Fill::Full(v),
-    } = op
-    {
-        return Some(format!(
-            "torch.full({}, {}, dtype=torch.{}, device=_device)",
-            tuple(&out.shape),
-            py(*v),
-            torch_dtype(out.dtype).ok()?
-        ));
+    if let Op::Constant { fill } = op {
+        use mtmc_actions::op::Fill;
+        let (shape, dtype) = (tuple(&out.shape), torch_dtype(out.dtype).ok()?);
+        return match fill {
+            Fill::Full(v) => Some(format!(
+                "torch.full({shape}, {}, dtype=torch.{dtype}, device=_device)",
+                py(*v)
+            )),
+            Fill::RandomNormal => Some(format!(
+                "torch.randn({shape}, dtype=torch.{dtype}, device=_device)"
+            )),
+            Fill::RandomUniform => Some(format!(
+                "torch.rand({shape}, dtype=torch.{dtype}, device=_device)"
+            )),
+            Fill::Random | Fill::Literal | Fill::Arange => None,
+        };
     }
     let x = ins.first()?;
     let binary = |op: B, a: &str, b: &str| -> Option<String> {

@@ -1676,6 +1676,14 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                 .ok_or("fill value is not a number")?;
             constant(Fill::Full(v))
         }
+        // Drawn from torch's global generator, the numbers a program
+        // draws the same way, in the same order, are the Model's.
+        "randn" | "randn_like" if !c.kwargs.contains_key("generator") => {
+            constant(Fill::RandomNormal)
+        }
+        "rand" | "rand_like" if !c.kwargs.contains_key("generator") => {
+            constant(Fill::RandomUniform)
+        }
         "randn" | "rand" | "randn_like" | "rand_like" | "randint" | "normal" => {
             constant(Fill::Random)
         }
