@@ -111,13 +111,13 @@ pub enum Op {
 pub enum Fill {
     /// Every element equal to this value.
     Full(f64),
-    /// Random numbers of another kind (`randint`, `normal`, or drawn from
-    /// a generator of their own).
+    /// Random numbers of another kind (`randint`, `normal`, drawn from a
+    /// generator of their own or on the default device).
     Random,
-    /// Standard normal numbers from torch's global generator (`randn`,
-    /// `randn_like`).
+    /// Standard normal numbers from the global generator of the device
+    /// the call names, or of its `_like` tensor's (`randn`, `randn_like`).
     RandomNormal,
-    /// Uniform numbers in [0, 1) from torch's global generator (`rand`,
+    /// Uniform numbers in [0, 1), drawn as `RandomNormal`'s are (`rand`,
     /// `rand_like`).
     RandomUniform,
     /// A literal from the source (`torch.tensor([...])`).

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use mtmc_actions::import::{ImportError, import_trace, parse_trace};
-use mtmc_actions::op::{NormKind, Op, OpClass, ReduceOp};
+use mtmc_actions::op::{Fill, NormKind, Op, OpClass, ReduceOp};
 use mtmc_actions::{OpGraph, graph_cost, node_cost};
 
 const FIXTURES: &str = include_str!("../../traces/kernelbench.jsonl");
@@ -328,4 +328,56 @@ fn an_exclusive_cumsum_written_with_cat_and_narrow_becomes_one_scan() {
         g.order()[0],
         "it scans x itself"
     );
+}
+
+/// A random draw is rendered only where a program can draw the same
+/// numbers: `randn`/`rand` naming the device (or `_like` a tensor) from
+/// its global generator; on the default device, with a generator of its
+/// own, or of another distribution, it is a random fill of no known kind.
+#[test]
+fn random_draws_know_their_distribution_where_a_program_can_repeat_them() {
+    let draw = |target: &str, args: &str, kwargs: &str| {
+        let text = trace(
+            &format!(
+                r#"{X}, {{"name": "r", "op": "function", "target": "{target}",
+                "args": [{args}], "kwargs": {{{kwargs}}},
+                "out": {{"tensor": {{"shape": [4, 8], "dtype": "float32"}}}}}}"#
+            ),
+            r#"{"node": "r"}"#,
+        );
+        let g = import_trace(&parse_trace(&text).unwrap()).unwrap().graph;
+        let (_, n) = g.nodes().find(|(_, n)| n.name == "r").unwrap();
+        n.op.clone()
+    };
+    let on_device = r#""device": {"device": "cuda:0"}"#;
+    for (target, args, kwargs, fill) in [
+        ("torch.randn", "4, 8", on_device, Fill::RandomNormal),
+        ("torch.rand", "4, 8", on_device, Fill::RandomUniform),
+        (
+            "torch.randn_like",
+            r#"{"node": "x"}"#,
+            "",
+            Fill::RandomNormal,
+        ),
+        ("torch.randn", "4, 8", "", Fill::Random),
+        (
+            "torch.rand",
+            "4, 8",
+            r#""device": {"device": "cuda:0"}, "generator": null"#,
+            Fill::RandomUniform,
+        ),
+        (
+            "torch.rand",
+            "4, 8",
+            r#""device": {"device": "cuda:0"}, "generator": "g""#,
+            Fill::Random,
+        ),
+        ("torch.randint", "0, 5, [4, 8]", on_device, Fill::Random),
+    ] {
+        assert_eq!(
+            draw(target, args, kwargs),
+            Op::Constant { fill },
+            "{target}({args}, {kwargs})"
+        );
+    }
 }

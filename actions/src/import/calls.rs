@@ -934,6 +934,17 @@ fn rnn(im: &Importer, c: &Call, cell: RnnCell) -> Lower {
     Ok(Lowered::Node(Op::Rnn(op), inputs))
 }
 
+/// Whether a random call draws from the global generator of the device
+/// its tensor-valued arguments live on: no generator of its own, and a
+/// `device=` or a tensor to be like.
+fn same_generator(c: &Call) -> bool {
+    let own = !matches!(
+        c.kwargs.get("generator"),
+        None | Some(Val::Const(Value::Null))
+    );
+    !own && (c.kwargs.contains_key("device") || c.key.ends_with("_like"))
+}
+
 fn constant(fill: Fill) -> Lower {
     Ok(Lowered::Node(Op::Constant { fill }, vec![]))
 }
@@ -1676,14 +1687,12 @@ fn lower(im: &Importer, c: &Call) -> Lower {
                 .ok_or("fill value is not a number")?;
             constant(Fill::Full(v))
         }
-        // Drawn from torch's global generator, the numbers a program
-        // draws the same way, in the same order, are the Model's.
-        "randn" | "randn_like" if !c.kwargs.contains_key("generator") => {
-            constant(Fill::RandomNormal)
-        }
-        "rand" | "rand_like" if !c.kwargs.contains_key("generator") => {
-            constant(Fill::RandomUniform)
-        }
+        // Drawn from torch's global generator on the inputs' device (a
+        // `device=` the call names, or a `_like` tensor's), the numbers a
+        // program draws the same way, in the same order, are the Model's.
+        // Drawn on the default device, they are not rendered.
+        "randn" | "randn_like" if same_generator(c) => constant(Fill::RandomNormal),
+        "rand" | "rand_like" if same_generator(c) => constant(Fill::RandomUniform),
         "randn" | "rand" | "randn_like" | "rand_like" | "randint" | "normal" => {
             constant(Fill::Random)
         }
