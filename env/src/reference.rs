@@ -77,8 +77,6 @@ pub struct Reference<'g> {
     memo: HashMap<(TensorRef, usize), f64>,
     rows: HashMap<(TensorRef, usize), (f64, f64)>,
     lines: HashMap<(TensorRef, usize), Vec<f64>>,
-    /// `max(‖line‖_p, ε)` of the lines an Lp norm divides by.
-    lengths: HashMap<(TensorRef, usize), f64>,
     /// Each node's inputs and whether every one has the node's own shape.
     operands: HashMap<NodeId, (Vec<TensorRef>, bool)>,
 }
@@ -169,7 +167,6 @@ impl<'g> Reference<'g> {
             memo: HashMap::new(),
             rows: HashMap::new(),
             lines: HashMap::new(),
-            lengths: HashMap::new(),
             operands,
         })
     }
@@ -296,9 +293,9 @@ impl<'g> Reference<'g> {
             }
             Op::MatMul(m) => self.matmul(&m, &ins, &out_shape, flat, t),
             Op::Reduce(r) => self.reduce(&r, ins[0], &out_shape, flat, t),
-            Op::Softmax { dim, log } => self.softmax(ins[0], dim, log, &out_shape, flat),
+            Op::Softmax { dim, log } => self.softmax(ins[0], dim, log, &out_shape, flat, t),
             Op::Norm(n) => self.norm(&n, &ins, &out_shape, flat, t),
-            Op::Scan(s) => self.scan(&s, ins[0], &out_shape, flat),
+            Op::Scan(s) => self.scan(&s, ins[0], &out_shape, flat, t),
             _ => Err(self.unsupported(t)),
         }
     }
@@ -487,25 +484,21 @@ impl<'g> Reference<'g> {
         })
     }
 
-    /// The line of `input` along `dim` through element `flat`, and the key
-    /// that names it (the flat index with that dim set to zero).
+    /// The line of `input` along `dim` through element `flat`.
     fn line(
         &mut self,
         input: TensorRef,
         dim: usize,
         shape: &[usize],
         flat: usize,
-    ) -> Result<(usize, usize, Vec<f64>), ReferenceError> {
+    ) -> Result<Vec<f64>, ReferenceError> {
         let mut idx = unravel(flat, shape);
-        let pos = idx[dim];
-        idx[dim] = 0;
-        let key = ravel(&idx, shape);
         let mut values = Vec::with_capacity(shape[dim]);
         for k in 0..shape[dim] {
             idx[dim] = k;
             values.push(self.element(input, ravel(&idx, shape))?);
         }
-        Ok((key, pos, values))
+        Ok(values)
     }
 
     fn softmax(
@@ -515,14 +508,13 @@ impl<'g> Reference<'g> {
         log: bool,
         shape: &[usize],
         flat: usize,
+        t: TensorRef,
     ) -> Result<f64, ReferenceError> {
-        let mut idx = unravel(flat, shape);
-        idx[dim] = 0;
-        let key = (input, ravel(&idx, shape) * shape.len() + dim);
+        let key = (t, line_key(flat, shape, dim));
         let (m, s) = match self.rows.get(&key) {
             Some(&stats) => stats,
             None => {
-                let (_, _, v) = self.line(input, dim, shape, flat)?;
+                let v = self.line(input, dim, shape, flat)?;
                 let m = v.iter().copied().fold(f64::NEG_INFINITY, nan_max);
                 let s: f64 = v.iter().map(|x| (x - m).exp()).sum();
                 self.rows.insert(key, (m, s));
@@ -549,30 +541,24 @@ impl<'g> Reference<'g> {
             NormKind::Layer { dims } => (dims, false),
             NormKind::Rms { dims } => (dims, true),
             NormKind::Lp { p, dim } => {
-                let mut idx = unravel(flat, shape);
-                idx[dim] = 0;
-                let key = (ins[0], ravel(&idx, shape) * shape.len() + dim);
-                let length = match self.lengths.get(&key) {
-                    Some(&l) => l,
+                let key = (t, line_key(flat, shape, dim));
+                let inv = match self.rows.get(&key) {
+                    Some(&(_, inv)) => inv,
                     None => {
-                        let (_, _, v) = self.line(ins[0], dim, shape, flat)?;
-                        let l = v
-                            .iter()
-                            .map(|x| x.abs().powf(p))
-                            .sum::<f64>()
-                            .powf(1.0 / p)
-                            .max(n.eps);
-                        self.lengths.insert(key, l);
-                        l
+                        let v = self.line(ins[0], dim, shape, flat)?;
+                        let length = v.iter().map(|x| x.abs().powf(p)).sum::<f64>();
+                        let inv = 1.0 / length.powf(1.0 / p).max(n.eps);
+                        self.rows.insert(key, (0.0, inv));
+                        inv
                     }
                 };
-                return Ok(self.element(ins[0], flat)? / length);
+                return Ok(self.element(ins[0], flat)? * inv);
             }
             _ => return Err(self.unsupported(t)),
         };
         let inner: usize = shape[shape.len() - dims..].iter().product();
         let row = flat / inner;
-        let key = (ins[0], row);
+        let key = (t, row);
         let (center, inv) = match self.rows.get(&key) {
             Some(&stats) => stats,
             None => {
@@ -610,13 +596,11 @@ impl<'g> Reference<'g> {
         input: TensorRef,
         shape: &[usize],
         flat: usize,
+        t: TensorRef,
     ) -> Result<f64, ReferenceError> {
-        let mut idx = unravel(flat, shape);
-        let pos = idx[s.dim];
-        idx[s.dim] = 0;
-        let key = (input, ravel(&idx, shape) * shape.len() + s.dim);
+        let key = (t, line_key(flat, shape, s.dim));
         if !self.lines.contains_key(&key) {
-            let (_, _, mut v) = self.line(input, s.dim, shape, flat)?;
+            let mut v = self.line(input, s.dim, shape, flat)?;
             if s.reverse {
                 v.reverse();
             }
@@ -636,8 +620,18 @@ impl<'g> Reference<'g> {
             }
             self.lines.insert(key, out);
         }
-        Ok(self.lines[&key][pos])
+        Ok(self.lines[&key][unravel(flat, shape)[s.dim]])
     }
+}
+
+/// The line along `dim` that element `flat` of `shape` lies on, as one
+/// number: the flat index with that dim set to zero. Caches key a line by
+/// it and by the op's own result, so ops reading one input keep their
+/// statistics apart.
+fn line_key(flat: usize, shape: &[usize], dim: usize) -> usize {
+    let mut idx = unravel(flat, shape);
+    idx[dim] = 0;
+    ravel(&idx, shape)
 }
 
 fn nan_max(a: f64, b: f64) -> f64 {

@@ -160,6 +160,42 @@ fn reductions_and_scans_match_the_loops() {
     }
 }
 
+/// Ops of one input keep statistics of their own: a layer norm and an
+/// RMS norm of the same rows, a sum and a product scan of the same
+/// lines, and a normalize beside them, each what it is alone.
+#[test]
+fn ops_reading_one_input_keep_their_statistics_apart() {
+    let inputs = HashMap::from([("x".to_string(), random(24, 9))]);
+    for (both, one, other) in [
+        (
+            "y = layer_norm(x, dim=-1) + rms_norm(x, dim=-1)",
+            "y = layer_norm(x, dim=-1)",
+            "y = rms_norm(x, dim=-1)",
+        ),
+        (
+            "y = cumsum(x, dim=1) + cumprod(x, dim=1)",
+            "y = cumsum(x, dim=1)",
+            "y = cumprod(x, dim=1)",
+        ),
+        (
+            "y = softmax(x, dim=1) + normalize(x, dim=1)",
+            "y = softmax(x, dim=1)",
+            "y = normalize(x, dim=1)",
+        ),
+    ] {
+        let got = all(&graph(both, "x=3x8"), &inputs);
+        let a = all(&graph(one, "x=3x8"), &inputs);
+        let b = all(&graph(other, "x=3x8"), &inputs);
+        for (k, g) in got.iter().enumerate() {
+            assert!(
+                close(*g, a[k] + b[k]),
+                "{both} [{k}]: {g} vs {}",
+                a[k] + b[k]
+            );
+        }
+    }
+}
+
 #[test]
 fn norms_and_logsumexp() {
     let x: Vec<f64> = vec![3.0, 4.0, 0.0, 0.0];
