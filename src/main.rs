@@ -310,6 +310,10 @@ enum Command {
         /// Which problems of the split.
         #[arg(long, value_enum, default_value = "test")]
         split: cmd::plan::Split,
+        /// Only the split's problems of this level (repeatable; every
+        /// level when none is given).
+        #[arg(long = "level", value_name = "N")]
+        levels: Vec<u32>,
         /// Also write the table as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -355,6 +359,18 @@ enum Command {
         /// found so far, on the problems every planner finished.
         #[arg(long, requires = "live")]
         table_only: bool,
+    },
+    /// Merge trajectory stores (say, recorded on several machines) into
+    /// one: every problem, episode, step and judged program. The stores
+    /// merged from are left unchanged; a program judged in two takes the
+    /// outcome of the one named last.
+    Merge {
+        /// The store written (created if missing; not a gzipped one).
+        #[arg(long, value_name = "FILE")]
+        into: PathBuf,
+        /// The stores to merge into it, plain or gzipped.
+        #[arg(required = true, value_name = "FROM")]
+        from: Vec<PathBuf>,
     },
     /// Send one tiny request to the configured LLM endpoint and say what
     /// works: reachable, model listed, reply in the expected JSON, latency.
@@ -731,6 +747,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             checkpoint,
             budget,
             split,
+            levels,
             json,
             recorded_by,
             live,
@@ -749,6 +766,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         checkpoint: checkpoint.as_deref(),
                         budget,
                         split,
+                        levels: &levels,
                         recorded_by: recorded_by.as_deref(),
                         json: json.as_deref(),
                         policy_stops,
@@ -768,6 +786,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     checkpoint: checkpoint.as_deref(),
                     budget,
                     split,
+                    levels: &levels,
                     out_dir: &out_dir,
                     json: json.as_deref(),
                     timeout: std::time::Duration::from_secs(timeout),
@@ -778,6 +797,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 },
             )
         }
+        Command::Merge { into, from } => cmd::plan::merge(out, &into, &from),
         Command::LlmCheck { llm } => cmd::llm::check(out, &llm),
         Command::LlmReplay {
             reply,

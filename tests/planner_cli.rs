@@ -713,9 +713,9 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     let ck_s = ck.to_string_lossy().into_owned();
 
     let run = train_briefly(&tree_s, &ck_s, &[]).success();
-    // Every test problem was recorded (33 of levels 1 and 2 under the
+    // Every test problem was recorded (39 of levels 1, 2 and 3 under the
     // split rule), and enough training problems to learn from.
-    assert!(run.stdout.contains(", 33 held out;"), "{}", run.stdout);
+    assert!(run.stdout.contains(", 39 held out;"), "{}", run.stdout);
     let trained: usize = run
         .stdout
         .split("train: ")
@@ -798,6 +798,37 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
         "{}",
         run.stdout
     );
+    // --level keeps the split's problems of those levels: level 3's 6 and
+    // the other 33.
+    for (levels, words, n) in [
+        (&["--level", "3"][..], "level 3", 6),
+        (&["--level", "1", "--level", "2"][..], "levels 1, 2", 33),
+    ] {
+        let json = dir.path().join("levels.json");
+        let mut args = vec![
+            "compare",
+            "--trajectories",
+            &tree_s,
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend_from_slice(levels);
+        let run = mtmc(&args).success();
+        let head = format!("{n} problem(s) (Test split, {words}), budget 8");
+        assert!(run.stdout.contains(&head), "{head}\n{}", run.stdout);
+        let table = read_json(&json);
+        let names: Vec<&str> = table["problems"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{table}"))
+            .iter()
+            .filter_map(|p| p["problem"].as_str())
+            .collect();
+        assert_eq!(names.len(), n, "{table}");
+        assert!(
+            names.iter().all(|p| p.starts_with("L3/") == (n == 6)),
+            "{names:?}"
+        );
+    }
     assert_eq!(
         std::fs::read(&tree).unwrap(),
         before,

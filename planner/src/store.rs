@@ -49,6 +49,14 @@ pub enum StoreError {
         /// The file.
         path: PathBuf,
     },
+    /// A store was to be merged into itself.
+    #[error(
+        "trajectory store `{path}`: cannot merge a store into itself; name another store to merge"
+    )]
+    SelfMerge {
+        /// The file.
+        path: PathBuf,
+    },
     /// A compressed store was opened to be written.
     #[error(
         "trajectory store `{path}` is compressed: `mtmc train` and `mtmc compare` read it as it is; to record into it, unpack a copy first (gunzip -c {path} > mtmc-trajectories.sqlite, the default store)"
@@ -67,9 +75,29 @@ pub enum StoreError {
     },
 }
 
+/// What [`Store::merge`] copied into a store.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Merged {
+    /// Problems this store had not recorded.
+    pub problems: usize,
+    /// Episodes copied.
+    pub episodes: usize,
+    /// Episodes the store already held (the same problem, planner, seed
+    /// and start time), not copied again, nor their steps: merging a
+    /// store twice changes nothing.
+    pub skipped: usize,
+    /// Steps copied (those of the episodes copied).
+    pub steps: usize,
+    /// Judged programs this store had not judged.
+    pub evaluations: usize,
+    /// Of those, programs this store had judged with another outcome,
+    /// which now hold the source's.
+    pub replaced: usize,
+}
+
 /// The recorded tree that comes with mtmc, relative to the repository's
 /// root: the outcomes `mtmc explore` recorded on an H100 for KernelBench
-/// problems of levels 1 and 2 (the README's Planner section says which),
+/// problems of levels 1, 2 and 3 (the README's Planner section says which),
 /// gzipped. Training and comparing on it needs no GPU.
 pub const RECORDED_H100: &str = "planner/data/kernelbench-h100.sqlite.gz";
 
@@ -603,6 +631,107 @@ impl Store {
                 },
             )
             .collect()
+    }
+
+    /// Copies every problem, episode, step and evaluation of the store at
+    /// `from` (plain or gzipped, left unchanged) into this one, in one
+    /// transaction: a failure leaves this store as it was. Episodes get
+    /// new ids after this store's, and their steps follow them. A problem
+    /// recorded in both keeps this store's description; a program judged
+    /// in both takes `from`'s outcome, as if its steps had been recorded
+    /// after this store's (the same rule as [`Store::add_step`]). An
+    /// episode this store already holds is skipped with its steps.
+    pub fn merge(&mut self, from: &Path) -> Result<Merged, StoreError> {
+        let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        if same(from, &self.path) {
+            return Err(StoreError::SelfMerge {
+                path: self.path.clone(),
+            });
+        }
+        // Opened to check it is a store (and to unpack it); SQLite reads
+        // its write-ahead log through the attached copy too.
+        let source = Store::open_to_read(from)?;
+        let file = source
+            ._unpacked
+            .as_ref()
+            .map_or_else(|| from.to_path_buf(), |d| d.path().join("store.sqlite"));
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        self.conn
+            .execute(
+                "ATTACH DATABASE ?1 AS source",
+                [file.to_string_lossy().as_ref()],
+            )
+            .map_err(err)?;
+        let merged = (|| -> rusqlite::Result<Merged> {
+            let tx = self.conn.transaction()?;
+            let count = |sql: &str| tx.query_row(sql, [], |r| r.get::<_, i64>(0));
+            let offset = count("SELECT COALESCE(MAX(id), 0) FROM main.episodes")?;
+            let replaced = count(
+                "SELECT COUNT(*) FROM source.evaluations s JOIN main.evaluations m
+                 ON s.problem = m.problem AND s.key = m.key
+                 WHERE s.status IS NOT m.status OR s.speedup IS NOT m.speedup",
+            )? as usize;
+            let fresh = count(
+                "SELECT COUNT(*) FROM source.evaluations s WHERE NOT EXISTS
+                 (SELECT 1 FROM main.evaluations m WHERE s.problem = m.problem AND s.key = m.key)",
+            )? as usize;
+            let problems = tx.execute(
+                "INSERT OR IGNORE INTO main.problems (name, pattern, problem)
+                 SELECT name, pattern, problem FROM source.problems",
+                [],
+            )?;
+            let episodes = tx.execute(
+                "INSERT INTO main.episodes (id, problem, planner, planner_version, seed,
+                    started_at, finished_at, best_speedup)
+                 SELECT id + ?1, problem, planner, planner_version, seed, started_at,
+                    finished_at, best_speedup FROM source.episodes s
+                 WHERE NOT EXISTS (SELECT 1 FROM main.episodes m WHERE m.problem = s.problem
+                    AND m.planner = s.planner AND m.seed = s.seed
+                    AND m.started_at = s.started_at)
+                 ORDER BY id",
+                [offset],
+            )?;
+            let skipped = count("SELECT COUNT(*) FROM source.episodes")? as usize - episodes;
+            let steps = tx.execute(
+                "INSERT INTO main.steps (episode, step, problem, pattern, state, observation,
+                    action, action_name, next_state, fragment_hash, code, status, speedup,
+                    outcome, diagnosis, critique, reward, best_speedup, started_at, finished_at,
+                    planner_version)
+                 SELECT episode + ?1, step, problem, pattern, state, observation, action,
+                    action_name, next_state, fragment_hash, code, status, speedup, outcome,
+                    diagnosis, critique, reward, best_speedup, started_at, finished_at,
+                    planner_version FROM source.steps
+                 WHERE episode + ?1 IN (SELECT id FROM main.episodes) ORDER BY id",
+                [offset],
+            )?;
+            tx.execute(
+                "INSERT OR REPLACE INTO main.evaluations (problem, key, status, speedup,
+                    diagnosis, fragment_hash)
+                 SELECT problem, key, status, speedup, diagnosis, fragment_hash
+                 FROM source.evaluations",
+                [],
+            )?;
+            tx.commit()?;
+            Ok(Merged {
+                problems,
+                episodes,
+                skipped,
+                steps,
+                evaluations: fresh,
+                replaced,
+            })
+        })();
+        let detached = self.conn.execute("DETACH DATABASE source", []);
+        let merged = merged.map_err(err)?;
+        detached.map_err(err)?;
+        Ok(merged)
     }
 
     /// `PRAGMA integrity_check`'s answer (`ok` for a sound file).

@@ -42,6 +42,35 @@ fn step(episode: i64, k: usize, action: Move, reward: f64) -> StepRecord {
     }
 }
 
+/// A store at `path` holding one finished random episode of L1/1: three
+/// steps, programs `k0`, `k1`, `k2` at 1.0x, 1.1x and 1.2x.
+fn three_steps(path: &std::path::Path) -> Store {
+    let mut store = Store::open(path).unwrap();
+    let p = problem("L1/1", "pointwise");
+    store.put_problem(&p).unwrap();
+    let e = store.begin_episode("L1/1", "random", "test", 0).unwrap();
+    for k in 0..3 {
+        store
+            .add_step(&p, "test", &step(e, k, Move::Vectorize(4), 0.5))
+            .unwrap();
+    }
+    store.end_episode(e, 1.2).unwrap();
+    store
+}
+
+/// Writes `path.gz`, a gzip of the store at `path`.
+fn gzip(path: &std::path::Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let gz = path.with_extension("sqlite.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::default(),
+    );
+    enc.write_all(&std::fs::read(path).unwrap()).unwrap();
+    enc.finish().unwrap();
+    gz
+}
+
 /// The child: writes steps until killed, saying each one it committed.
 #[test]
 fn writer_child() {
@@ -177,31 +206,10 @@ fn the_knowledge_base_offers_what_worked_on_similar_problems() {
 /// refused for writing; a damaged one is named in the error.
 #[test]
 fn a_gzipped_store_is_read_in_place_and_never_written() {
-    use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let plain = dir.path().join("s.sqlite");
-    {
-        let mut store = Store::open(&plain).unwrap();
-        let p = problem("L1/1", "pointwise");
-        store.put_problem(&p).unwrap();
-        let e = store.begin_episode("L1/1", "random", "test", 0).unwrap();
-        for k in 0..3 {
-            store
-                .add_step(&p, "test", &step(e, k, Move::Vectorize(4), 0.5))
-                .unwrap();
-        }
-        store.end_episode(e, 1.2).unwrap();
-    }
-    let gz = dir.path().join("s.sqlite.gz");
-    {
-        let bytes = std::fs::read(&plain).unwrap();
-        let mut enc = flate2::write::GzEncoder::new(
-            std::fs::File::create(&gz).unwrap(),
-            flate2::Compression::default(),
-        );
-        enc.write_all(&bytes).unwrap();
-        enc.finish().unwrap();
-    }
+    drop(three_steps(&plain));
+    let gz = gzip(&plain);
     let packed = std::fs::read(&gz).unwrap();
 
     let store = Store::open_to_read(&gz).unwrap();
@@ -236,4 +244,100 @@ fn a_gzipped_store_is_read_in_place_and_never_written() {
         .expect("refused")
         .to_string();
     assert!(err.contains("does not exist"), "{err}");
+}
+
+/// Merging stores (say, recorded on two machines): every episode and step
+/// of the source is copied under new episode ids, a program judged in both
+/// takes the source's outcome, the source is left unchanged, merging it a
+/// second time changes nothing, and a store is not merged into itself.
+#[test]
+fn a_merged_store_holds_both_recordings_once() {
+    use std::collections::BTreeMap;
+    let dir = tempfile::tempdir().unwrap();
+    let (b1, b2) = (problem("L1/1", "pointwise"), problem("L1/2", "reduce"));
+    let into = dir.path().join("into.sqlite");
+    let mut store = three_steps(&into);
+
+    let other = dir.path().join("other.sqlite");
+    {
+        let mut o = Store::open(&other).unwrap();
+        for p in [&b1, &b2] {
+            o.put_problem(p).unwrap();
+            let e = o.begin_episode(&p.name, "greedy", "test", 7).unwrap();
+            for k in 0..2 {
+                // L1/1's programs k0 and k1 judged again, 1.0 faster.
+                let mut s = step(e, k, Move::Split, 0.2);
+                if let Some(d) = s.diagnosis.as_mut() {
+                    d.speedup_eager = Some(2.0 + k as f64 / 10.0);
+                }
+                o.add_step(p, "test", &s).unwrap();
+            }
+            o.end_episode(e, 2.1).unwrap();
+        }
+    }
+    let gz = gzip(&other);
+    let packed = std::fs::read(&gz).unwrap();
+
+    let m = store.merge(&gz).unwrap();
+    assert_eq!(
+        (m.problems, m.episodes, m.skipped, m.steps),
+        (1, 2, 0, 4),
+        "{m:?}"
+    );
+    // L1/2's two programs are new; L1/1's k0 and k1 now hold 2.0 and 2.1.
+    assert_eq!((m.evaluations, m.replaced), (2, 2), "{m:?}");
+    assert_eq!(
+        std::fs::read(&gz).unwrap(),
+        packed,
+        "the source was written"
+    );
+    let speedup = |p: &str, k: &str| store.evaluation(p, k).unwrap().unwrap().speedup_eager;
+    assert_eq!(speedup("L1/1", "k1"), Some(2.1));
+    assert_eq!(speedup("L1/1", "k2"), Some(1.2));
+    assert_eq!(speedup("L1/2", "k0"), Some(2.0));
+    assert_eq!(store.problems().unwrap().len(), 2);
+    // Each episode's steps stay together, in order, under their own id.
+    let steps = store.steps().unwrap();
+    let mut episodes: BTreeMap<i64, Vec<(String, usize)>> = BTreeMap::new();
+    for s in &steps {
+        episodes
+            .entry(s.episode)
+            .or_default()
+            .push((s.problem.clone(), s.step));
+    }
+    let l11 = |k| ("L1/1".to_string(), k);
+    let l12 = |k| ("L1/2".to_string(), k);
+    assert_eq!(
+        episodes.into_values().collect::<Vec<_>>(),
+        vec![
+            vec![l11(0), l11(1), l11(2)],
+            vec![l11(0), l11(1)],
+            vec![l12(0), l12(1)]
+        ]
+    );
+    assert_eq!(store.finished_episodes("greedy").unwrap().len(), 2);
+
+    // The plain file a second time: its episodes are already here.
+    let again = store.merge(&other).unwrap();
+    assert_eq!(
+        (
+            again.episodes,
+            again.skipped,
+            again.steps,
+            again.evaluations,
+            again.replaced
+        ),
+        (0, 2, 0, 0, 0),
+        "{again:?}"
+    );
+    assert_eq!(store.steps().unwrap().len(), 7);
+
+    let err = store.merge(&into).expect_err("refused").to_string();
+    assert!(err.contains("into itself"), "{err}");
+    let err = store
+        .merge(&dir.path().join("none.sqlite"))
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("does not exist"), "{err}");
+    assert_eq!(store.steps().unwrap().len(), 7);
 }

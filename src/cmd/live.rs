@@ -29,8 +29,8 @@ use sha2::{Digest, Sha256};
 
 use crate::cmd::optimize::ProblemJudge;
 use crate::cmd::plan::{
-    NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, geomean, plan_problem,
-    print_table, problem_rows, row, stopping,
+    NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, geomean, levels_words,
+    of_levels, plan_problem, print_table, problem_rows, row, stopping,
 };
 
 /// What `mtmc compare --live` was asked to do.
@@ -46,6 +46,8 @@ pub struct LiveRequest<'a> {
     pub budget: usize,
     /// Which problems.
     pub split: Split,
+    /// Only these levels' problems (every level when empty).
+    pub levels: &'a [u32],
     /// Where everything is written.
     pub out_dir: &'a Path,
     /// Also write the JSON here.
@@ -74,6 +76,10 @@ struct Settings {
     trajectories: String,
     budget: usize,
     split: String,
+    /// The levels the problems were limited to (none: every level, as in
+    /// folders written before the setting existed).
+    #[serde(default)]
+    levels: Vec<u32>,
     checkpoint: Option<String>,
     seed: u64,
     /// Whether the trained policy's STOP may end an episode early. Folders
@@ -271,7 +277,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     let store = Store::open_to_read(req.store)?;
     let recorded: Vec<TreeProblem> = tree::load(&store, &|n| req.split.knows(n))?
         .into_iter()
-        .filter(|p| req.split.keeps(&p.problem.name))
+        .filter(|p| req.split.keeps(&p.problem.name) && of_levels(&p.problem.name, req.levels))
         .collect();
     if recorded.is_empty() {
         bail!(
@@ -290,6 +296,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         trajectories: req.store.display().to_string(),
         budget: req.budget,
         split: format!("{:?}", req.split).to_lowercase(),
+        levels: req.levels.to_vec(),
         checkpoint: req.checkpoint.map(|c| c.display().to_string()),
         seed: req.seed,
         policy_stops: req.policy_stops,
@@ -368,9 +375,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         }
     }
     let what = format!(
-        "{} problem(s) ({} split), planners {}, budget {}",
+        "{} problem(s) ({} split{}), planners {}, budget {}",
         recorded.len(),
         settings.split,
+        levels_words(&settings.levels),
         planners
             .iter()
             .map(|(n, _)| n.as_str())
@@ -612,7 +620,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     rows.push(exhaustive_row(&complete)?);
     writeln!(
         out,
-        "{} ({} split), budget {} evaluations, every planner's programs judged live{}{}; exhaustive: the best of every program recorded in {} (not run again){}",
+        "{} ({} split{}), budget {} evaluations, every planner's programs judged live{}{}; exhaustive: the best of every program recorded in {} (not run again){}",
         if passes.len() > 1 {
             format!(
                 "{} problem run(s) in {} passes pooled ({} and {})",
@@ -625,6 +633,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             format!("{} problem(s)", complete.len())
         },
         settings.split,
+        levels_words(&settings.levels),
         req.budget,
         // Episodes judged by compile only have no timing at all.
         if timed { "" } else { " (compile only)" },
@@ -668,6 +677,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     let doc = serde_json::json!({
         "live": true,
         "split": settings.split,
+        "levels": settings.levels,
         "budget": req.budget,
         "store": req.store.display().to_string(),
         "checkpoint": settings.checkpoint,

@@ -1053,6 +1053,30 @@ fn keep_best(found: &mut Found, program: &Program, o: &Outcome, c: &Config) -> b
     }
 }
 
+/// Whether the problem `name` (`L2/76_…`) is of one of `levels` (of any
+/// level when `levels` is empty).
+pub fn of_levels(name: &str, levels: &[u32]) -> bool {
+    levels.is_empty()
+        || name
+            .strip_prefix('L')
+            .and_then(|n| n.split_once('/'))
+            .and_then(|(l, _)| l.parse().ok())
+            .is_some_and(|l| levels.contains(&l))
+}
+
+/// Words for the levels a comparison was limited to (none when every
+/// level counts): ", level 3" or ", levels 1, 2".
+pub fn levels_words(levels: &[u32]) -> String {
+    match levels {
+        [] => String::new(),
+        [l] => format!(", level {l}"),
+        ls => format!(
+            ", levels {}",
+            ls.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
 /// The fixed train/test rule: a problem is held out for testing when the
 /// first byte of the SHA-256 of its full name (`L2/76_…`) is a multiple of
 /// 5 (about one problem in five).
@@ -1131,6 +1155,45 @@ pub struct ExploreRequest<'a> {
     /// programs one such move beyond the recorded ones instead
     /// (`extend_problem`).
     pub beyond: &'a [String],
+}
+
+/// `mtmc merge`: copies each store of `from`, in order, into `into`.
+pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Result<()> {
+    // Every source must be there before the target is created.
+    if let Some(missing) = from.iter().find(|f| !f.is_file()) {
+        return Err(mtmc_planner::store::StoreError::Missing {
+            path: missing.clone(),
+        }
+        .into());
+    }
+    let mut store = Store::open(into)?;
+    for source in from {
+        let m = store.merge(source)?;
+        writeln!(
+            out,
+            "{}: {} episode(s), {} step(s) and {} newly judged program(s) merged; {} problem(s) new to {}{}{}",
+            source.display(),
+            m.episodes,
+            m.steps,
+            m.evaluations,
+            m.problems,
+            into.display(),
+            if m.skipped > 0 {
+                format!("; {} episode(s) it already held skipped", m.skipped)
+            } else {
+                String::new()
+            },
+            if m.replaced > 0 {
+                format!(
+                    "; {} program(s) it had judged with another outcome now hold this store's",
+                    m.replaced
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs episodes on each chosen problem, recording them; problems with
@@ -1624,6 +1687,8 @@ pub struct CompareRequest<'a> {
     pub budget: usize,
     /// Which problems.
     pub split: Split,
+    /// Only these levels' problems (every level when empty).
+    pub levels: &'a [u32],
     /// Replay on the programs this planner's episodes reached alone.
     pub recorded_by: Option<&'a str>,
     /// Where the JSON goes, if anywhere.
@@ -1641,6 +1706,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         checkpoint,
         budget,
         split,
+        levels,
         recorded_by,
         json,
         policy_stops,
@@ -1648,7 +1714,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     let store = Store::open_to_read(store_path)?;
     let problems: Vec<TreeProblem> = tree::load_by(&store, recorded_by, &|n| split.knows(n))?
         .into_iter()
-        .filter(|p| split.keeps(&p.problem.name))
+        .filter(|p| split.keeps(&p.problem.name) && of_levels(&p.problem.name, levels))
         .collect();
     if problems.is_empty() {
         match recorded_by {
@@ -1753,9 +1819,10 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     rows.push(exhaustive_row(&problems)?);
     writeln!(
         out,
-        "{} problem(s) ({:?} split), budget {budget} evaluations (exhaustive: every recorded program{}); outcomes replayed from {}{}",
+        "{} problem(s) ({:?} split{}), budget {budget} evaluations (exhaustive: every recorded program{}); outcomes replayed from {}{}",
         problems.len(),
         split,
+        levels_words(levels),
         stopping(checkpoint.is_some(), policy_stops),
         store_path.display(),
         recorded_by.map_or(String::new(), |by| format!(
@@ -1767,6 +1834,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     if let Some(path) = json {
         let doc = serde_json::json!({
             "split": format!("{split:?}").to_lowercase(),
+            "levels": levels,
             "budget": budget,
             "store": store_path.display().to_string(),
             "recorded_by": recorded_by,
@@ -2250,6 +2318,18 @@ mod tests {
         // A small product is memory-bound under both rates.
         let small = split_tf32_scale(&graph("y = x @ w", "x=4096x8,w=8x8"));
         assert_eq!(small, 1.0);
+    }
+
+    #[test]
+    fn a_level_filter_reads_the_level_from_the_name() {
+        assert!(of_levels("L3/4_LeNet5", &[]));
+        assert!(of_levels("L3/4_LeNet5", &[1, 3]));
+        assert!(!of_levels("L3/4_LeNet5", &[1, 2]));
+        assert!(!of_levels("L13/4_x", &[1, 3]));
+        assert!(!of_levels("my_problem.py", &[1]));
+        assert_eq!(levels_words(&[]), "");
+        assert_eq!(levels_words(&[3]), ", level 3");
+        assert_eq!(levels_words(&[1, 2]), ", levels 1, 2");
     }
 
     #[test]
