@@ -205,8 +205,10 @@ fn layer_group_and_instance_norm_compile_with_their_scale_and_shift() {
 
 /// `F.normalize` with p = 2 over the last dim is a norm kernel that takes
 /// the mean as 0 and divides by the row's length (`1 / max(‖x‖₂, ε)`):
-/// short rows in registers, long ones by a block each; over another dim,
-/// or with another p, it is refused with what is written.
+/// short rows in registers, long ones (or few) by a team of blocks each,
+/// or by chunks whose squares the last block of each row combines, as the
+/// other norms; over another dim, or with another p, it is refused with
+/// what is written.
 #[test]
 fn normalize_over_the_last_dim_divides_rows_by_their_length() {
     let lp = |op: &mtmc_actions::op::Op| matches!(op, mtmc_actions::op::Op::Norm(_));
@@ -215,22 +217,25 @@ fn normalize_over_the_last_dim_divides_rows_by_their_length() {
             "x=4096x32",
             "4 thread(s) per row holding 8 elements each in registers",
         ),
-        (
-            "x=64x16384",
-            "1024 thread(s) per row holding 16 elements each in registers",
-        ),
-        (
-            "x=16x65536",
-            "for (long long k = threadIdx.x; k < K; k += blockDim.x)",
-        ),
+        ("x=64x16384", "each cut into 4 chunks"),
+        ("x=16x65536", "a team of 4 blocks per group"),
     ] {
         let g = graph("y = normalize(x, dim=-1)", shape);
         let f = common::realize_first(&g, lp).unwrap();
         compiles(&f, shape);
+        // Registers: the row's squares; a team or split: the chunks'
+        // combined (m2), around no mean.
+        let (zero, squares) = if how.contains("registers") {
+            ("const float mean = 0.0f;", "squares")
+        } else if how.contains("team") {
+            ("const float mine = 0.0f;", "m2")
+        } else {
+            ("const float mean = 0.0f;", "m2")
+        };
         for part in [
             how,
-            "const float mean = 0.0f;",
-            "1.0f / fmaxf(sqrtf(squares), 1e-12f)",
+            zero,
+            &format!("1.0f / fmaxf(sqrtf({squares}), 1e-12f)"),
         ] {
             assert!(
                 f.source.contains(part),

@@ -928,7 +928,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     }
     let (rows, k, channel) = channel_of(kind, &shape)?;
     let stat = Stat::of(kind);
-    let rms = stat != Stat::Deviation;
+    let centred = stat.centred();
     let block = one_per_thread(action, "norm")?;
     let (mut params, inputs) = norm_operands(&ins, *affine, *bias);
     let scale = if *affine {
@@ -956,22 +956,19 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
             run: k,
             team,
             channel: channel.clone(),
-            rms,
+            stat,
             eps: lit(*eps)?,
             affine: *affine,
             bias: *bias,
         })
     };
     // Rows longer than a block holds in registers, or few rows: a team of
-    // blocks per row, or when the team would be too large, two launches
-    // (not written for a length: those take the loops below).
-    if stat != Stat::Length {
-        if let Some(splits) = team_splits(rows, k, block, k.is_multiple_of(4)) {
-            return Ok(split(splits, true)?.fragment(name, action, params, inputs, node));
-        }
-        if let Some(splits) = norm_splits(rows, k, block) {
-            return Ok(split(splits, false)?.fragment(name, action, params, inputs, node));
-        }
+    // blocks per row, or when the team would be too large, two launches.
+    if let Some(splits) = team_splits(rows, k, block, k.is_multiple_of(4)) {
+        return Ok(split(splits, true)?.fragment(name, action, params, inputs, node));
+    }
+    if let Some(splits) = norm_splits(rows, k, block) {
+        return Ok(split(splits, false)?.fragment(name, action, params, inputs, node));
     }
     params.extend(sizes);
     if let Some((threads, per)) = register_row(k) {
@@ -1011,7 +1008,7 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         );
         block_reduce(src, var, "a + b", "0.0f");
     };
-    if rms {
+    if !centred {
         src.push_str("        const float mean = 0.0f;\n");
     } else {
         sum(&mut src, "total", "v");
@@ -1089,6 +1086,12 @@ impl Stat {
             NormKind::Lp { .. } => Stat::Length,
             _ => Stat::Deviation,
         }
+    }
+
+    /// Whether the row's mean is taken out first (false: it is taken
+    /// as 0).
+    fn centred(self) -> bool {
+        self == Stat::Deviation
     }
 
     /// The factor a row is scaled by, from the sum of its squared
@@ -1269,8 +1272,8 @@ struct SplitNorm {
     team: bool,
     /// The scale's and shift's index for element `k` of group `r`.
     channel: String,
-    /// RMS norm: no centering.
-    rms: bool,
+    /// What each group is divided by (RMS norm and length: no centering).
+    stat: Stat,
     /// ε, as a float literal.
     eps: String,
     affine: bool,
@@ -1401,7 +1404,7 @@ impl SplitNorm {
                 .join(" + ")
         };
         src.push_str("    const float n_ = (float)(hi - lo);\n    {\n");
-        if self.rms {
+        if !self.stat.centred() {
             src.push_str("        const float mine = 0.0f;\n");
         } else {
             src.push_str("        float total = 0.0f;\n");
@@ -1426,11 +1429,16 @@ impl SplitNorm {
             src,
             "    {{\n        const volatile float2* stats = {name}_part + r * splits;"
         );
-        chan_combine(&mut src, self.rms, "", ("stats[p].x", "stats[p].y"));
+        chan_combine(
+            &mut src,
+            !self.stat.centred(),
+            "",
+            ("stats[p].x", "stats[p].y"),
+        );
         let _ = writeln!(
             src,
-            "        rstd = rsqrtf(m2 / (float)count + {});\n    }}",
-            self.eps
+            "        rstd = {};\n    }}",
+            self.stat.rstd("m2", "count", &self.eps)
         );
         // Write the chunk from registers.
         if vec4 {
@@ -1511,7 +1519,7 @@ impl SplitNorm {
         src.push_str("    {\n");
         let _ = writeln!(src, "        float v_[{name}_PER];");
         // RMS norm: no centering, so no sum.
-        let add = if self.rms {
+        let add = if !self.stat.centred() {
             ""
         } else {
             src.push_str("        float total = 0.0f;\n");
@@ -1521,7 +1529,7 @@ impl SplitNorm {
             src,
             "{each} v_[i] = k < hi ? LOAD_X({address}) : 0.0f;{add} }}"
         );
-        if self.rms {
+        if !self.stat.centred() {
             src.push_str("        const float mean = 0.0f;\n");
         } else {
             block_reduce(&mut src, "total", "a + b", "0.0f");
@@ -1543,19 +1551,19 @@ impl SplitNorm {
             src,
             "        const volatile float* stats = {name}_part + 2 * r * splits;"
         );
-        if self.rms {
+        if !self.stat.centred() {
             src.push_str("        const float mean = 0.0f;\n");
         }
         chan_combine(
             &mut src,
-            self.rms,
+            !self.stat.centred(),
             "const float ",
             ("stats[2 * p]", "stats[2 * p + 1]"),
         );
         let _ = writeln!(
             src,
-            "        if (threadIdx.x == 0) {{ {name}_stat[2 * r] = mean; {name}_stat[2 * r + 1] = rsqrtf(m2 / (float)count + {}); {name}_done[r] = 0u; }}\n    }}\n}}",
-            self.eps
+            "        if (threadIdx.x == 0) {{ {name}_stat[2 * r] = mean; {name}_stat[2 * r + 1] = {}; {name}_done[r] = 0u; }}\n    }}\n}}",
+            self.stat.rstd("m2", "count", &self.eps)
         );
         // The normalizing launch.
         let _ = writeln!(src, "extern \"C\" __global__ void {name}({params}) {{");
@@ -1692,7 +1700,7 @@ fn batch_norm(
             run: spatial,
             team: team.is_some(),
             channel: "r".into(),
-            rms: false,
+            stat: Stat::Deviation,
             eps: eps.clone(),
             affine,
             bias,
