@@ -272,6 +272,7 @@ fn help_lists_only_working_commands() {
             "explore",
             "train",
             "compare",
+            "merge",
             "llm-check",
             "llm-replay",
             "bench",
