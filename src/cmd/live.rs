@@ -281,8 +281,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         .collect();
     if recorded.is_empty() {
         bail!(
-            "`{}` has no recorded problem in this split: the live comparison runs on the problems of a recorded tree, whose exhaustive best is the reference (record one with `mtmc explore --planner exhaustive`, or pass --trajectories {RECORDED_H100}, the tree recorded on an H100)",
-            req.store.display()
+            "`{}` has no recorded problem in this split{}: the live comparison runs on the problems of a recorded tree, whose exhaustive best is the reference (record one with `mtmc explore --planner exhaustive`, or pass --trajectories {RECORDED_H100}, the tree recorded on an H100)",
+            req.store.display(),
+            levels_words(req.levels)
         );
     }
     let problems = crate::source::Problems::load(req.kernelbench)?;

@@ -1720,11 +1720,15 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         match recorded_by {
             Some(by) => {
                 let names = store.problems()?.into_iter().map(|p| p.name);
-                let present = planners_in(&store, names.filter(|n| split.keeps(n)))?;
+                let present = planners_in(
+                    &store,
+                    names.filter(|n| split.keeps(n) && of_levels(n, levels)),
+                )?;
                 let present: Vec<String> = present.into_keys().collect();
                 bail!(
-                    "`{}` has no problem in this split with episodes of planner `{by}` (planners with episodes here: {}): name one of those, or leave out --recorded-by",
+                    "`{}` has no problem in this split{} with episodes of planner `{by}` (planners with episodes here: {}): name one of those, or leave out --recorded-by",
                     store_path.display(),
+                    levels_words(levels),
                     if present.is_empty() {
                         "none".to_string()
                     } else {
@@ -1733,8 +1737,9 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
                 )
             }
             None => bail!(
-                "`{}` has no recorded problem in this split: run `mtmc explore` on them first",
-                store_path.display()
+                "`{}` has no recorded problem in this split{}: run `mtmc explore` on them first",
+                store_path.display(),
+                levels_words(levels)
             ),
         }
     }
