@@ -1166,7 +1166,7 @@ impl RegisterNorm {
                 lanes_reduce(src, var, "a + b", threads);
             }
         };
-        if self.stat != Stat::Deviation {
+        if !self.stat.centred() {
             let _ = writeln!(
                 src,
                 "{each} v_[j] = live && k < K ? LOAD_X(xr + k) : 0.0f; }}"
@@ -1745,7 +1745,8 @@ fn batch_norm(
         sum(&mut src, "squares", "(v - mean) * (v - mean)");
         let _ = writeln!(
             src,
-            "        const float rstd = rsqrtf(squares / (float)count + {eps});"
+            "        const float rstd = {};",
+            Stat::Deviation.rstd("squares", "count", &eps)
         );
         let _ = writeln!(
             src,
@@ -1787,7 +1788,8 @@ fn batch_norm(
         sum(&mut src, "squares", "(v - mean) * (v - mean)");
         let _ = writeln!(
             src,
-            "        const float rstd = rsqrtf(squares / (float)N + {eps});"
+            "        const float rstd = {};",
+            Stat::Deviation.rstd("squares", "N", &eps)
         );
         let _ = writeln!(
             src,
