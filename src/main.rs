@@ -351,7 +351,9 @@ enum Command {
         /// Live: the folder of an earlier pass of the same comparison
         /// (same settings; repeatable): the table pools its finished
         /// episodes with --out's, one entry per problem and pass, since one
-        /// pass's timings move by a few percent.
+        /// pass's timings move by a few percent. A pass on other --level
+        /// problems, with the same checkpoint, tree and settings, adds its
+        /// problems to the table.
         #[arg(long, value_name = "DIR", requires = "live")]
         pool: Vec<PathBuf>,
         /// Live: print the table of the episodes --out (and each --pool)

@@ -467,6 +467,59 @@ fn explore_train_compare_and_a_planned_optimize() {
         "{}",
         run.stdout
     );
+    // Passes on other levels, with the same checkpoint, tree and
+    // settings, pool into one table of all their problems; one with
+    // other settings, or whose digest is not its levels' tree's and the
+    // checkpoint's, is refused.
+    let l1 = dir.path().join("live-l1");
+    let l2 = dir.path().join("live-l2");
+    let (l1_s, l2_s) = (
+        l1.to_string_lossy().into_owned(),
+        l2.to_string_lossy().into_owned(),
+    );
+    let run = live_into(&l1_s, &["--policy-stops", "--level", "1"]).success();
+    assert!(
+        run.stdout.contains("1 problem(s) (all split, level 1)"),
+        "{}",
+        run.stdout
+    );
+    let err = live_into(&l2_s, &["--level", "2", "--pool", &l1_s]).failure();
+    assert!(
+        err.error.contains("ran with other settings") && !l2.exists(),
+        "{}",
+        err.error
+    );
+    let pooled_l2 = &["--policy-stops", "--level", "2", "--pool", &l1_s];
+    let run = live_into(&l2_s, pooled_l2).success();
+    assert!(
+        run.stdout.contains("2 problem run(s) in 2 passes pooled")
+            && run.stdout.contains("(all split, levels 1, 2)"),
+        "{}",
+        run.stdout
+    );
+    let doc = read_json(&l2.join("compare.json"));
+    assert_eq!(doc["levels"], serde_json::json!([1, 2]), "{doc}");
+    let rows = doc["problems"].as_array().unwrap();
+    for (pass, level) in [(&l1_s, "L1/"), (&l2_s, "L2/")] {
+        let of_pass: Vec<_> = rows.iter().filter(|r| r["pass"] == pass.as_str()).collect();
+        assert_eq!(of_pass.len(), 1, "{doc}");
+        assert!(
+            of_pass[0]["problem"].as_str().unwrap().starts_with(level),
+            "{doc}"
+        );
+    }
+    let l1_settings = l1.join("settings.json");
+    let kept = std::fs::read_to_string(&l1_settings).unwrap();
+    let mut forged = read_json(&l1_settings);
+    forged["inputs"] = serde_json::json!("0".repeat(64));
+    std::fs::write(&l1_settings, forged.to_string()).unwrap();
+    let err = live_into(&l2_s, pooled_l2).failure();
+    assert!(
+        err.error.contains("ran with other settings"),
+        "{}",
+        err.error
+    );
+    std::fs::write(&l1_settings, kept).unwrap();
     // Every episode names the build that ran it; the table warns when the
     // pooled episodes ran on several.
     let build = |e: &serde_json::Value| e["build"].as_str().map(str::to_string);

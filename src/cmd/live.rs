@@ -69,7 +69,7 @@ pub struct LiveRequest<'a> {
 
 /// What a live comparison was asked to do, kept in `settings.json`: a
 /// rerun into the same folder must ask for the same.
-#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Settings {
     /// The recorded tree: the problems, the exhaustive best and the
     /// trained planner's priors.
@@ -226,20 +226,55 @@ fn finished(path: &Path) -> Result<(Vec<Finished>, bool)> {
     Ok((done, !text.is_empty() && !text.ends_with('\n')))
 }
 
+/// One pass of a comparison whose episodes the table reads.
+struct Pass {
+    /// Its folder.
+    dir: PathBuf,
+    /// The levels its problems were limited to (none: every level).
+    levels: Vec<u32>,
+    /// Its finished episodes.
+    episodes: Vec<Finished>,
+}
+
+/// Whether `theirs`, an earlier pass's settings, may be pooled with
+/// `ours`: the same comparison, or the same but on other levels, whose
+/// digest (`digest` of their levels: the tree of those levels' problems
+/// and the checkpoint) is the one the pass recorded.
+fn poolable(
+    theirs: &Settings,
+    ours: &Settings,
+    digest: &dyn Fn(&[u32]) -> Result<String>,
+) -> Result<bool> {
+    if theirs.levels == ours.levels {
+        return Ok(theirs == ours);
+    }
+    let bare = |s: &Settings| Settings {
+        levels: Vec::new(),
+        inputs: None,
+        ..s.clone()
+    };
+    Ok(bare(theirs) == bare(ours)
+        && theirs.inputs.is_some()
+        && theirs.inputs.as_deref() == Some(digest(&theirs.levels)?.as_str()))
+}
+
 /// The finished episodes of each folder in `pool`: earlier passes of the
-/// comparison `settings` describes, written into other folders than `out`.
+/// comparison `settings` describes, or of the same comparison on other
+/// levels (`digest` gives the inputs' digest of a list of levels), written
+/// into other folders than `out`.
 fn pooled_passes(
     out: &Path,
     pool: &[PathBuf],
     settings: &Settings,
-) -> Result<Vec<(PathBuf, Vec<Finished>)>> {
+    digest: &dyn Fn(&[u32]) -> Result<String>,
+) -> Result<Vec<Pass>> {
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
     };
-    let mut passes: Vec<(PathBuf, Vec<Finished>)> = Vec::new();
+    let mut passes: Vec<Pass> = Vec::new();
     for dir in pool {
-        if same(dir, out) || passes.iter().any(|(d, _)| same(d, dir)) {
+        if same(dir, out) || passes.iter().any(|p| same(&p.dir, dir)) {
             bail!(
                 "`{}` is pooled twice (--out counts as one pass): name each earlier pass's folder once",
                 dir.display()
@@ -258,16 +293,20 @@ fn pooled_passes(
                 path.display()
             )
         })?;
-        if &theirs != settings {
+        if !poolable(&theirs, settings, digest)? {
             bail!(
-                "`{}` ran with other settings ({}; this run's: {}): pool only passes of the same comparison",
+                "`{}` ran with other settings ({}; this run's: {}): pool only passes of the same comparison (of the same levels, or of others with the same checkpoint, tree and settings)",
                 dir.display(),
                 text.trim(),
                 serde_json::to_string(settings)?
             );
         }
-        let (eps, _) = finished(&dir.join("episodes.jsonl"))?;
-        passes.push((dir.clone(), eps));
+        let (episodes, _) = finished(&dir.join("episodes.jsonl"))?;
+        passes.push(Pass {
+            dir: dir.clone(),
+            levels: theirs.levels,
+            episodes,
+        });
     }
     Ok(passes)
 }
@@ -275,10 +314,18 @@ fn pooled_passes(
 /// Runs the live comparison and prints its table.
 pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Result<()> {
     let store = Store::open_to_read(req.store)?;
-    let recorded: Vec<TreeProblem> = tree::load(&store, &|n| req.split.knows(n))?
+    let in_split: Vec<TreeProblem> = tree::load(&store, &|n| req.split.knows(n))?
         .into_iter()
-        .filter(|p| req.split.keeps(&p.problem.name) && of_levels(&p.problem.name, req.levels))
+        .filter(|p| req.split.keeps(&p.problem.name))
         .collect();
+    let of = |levels: &[u32]| -> Vec<TreeProblem> {
+        in_split
+            .iter()
+            .filter(|p| of_levels(&p.problem.name, levels))
+            .cloned()
+            .collect()
+    };
+    let recorded = of(req.levels);
     if recorded.is_empty() {
         bail!(
             "`{}` has no recorded problem in this split{}: the live comparison runs on the problems of a recorded tree, whose exhaustive best is the reference (record one with `mtmc explore --planner exhaustive`, or pass --trajectories {RECORDED_H100}, the tree recorded on an H100)",
@@ -305,7 +352,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         inputs: Some(inputs_sha256(&recorded, req.checkpoint)?),
     };
     // Earlier passes are checked before anything is written.
-    let pooled = pooled_passes(req.out_dir, req.pool, &settings)?;
+    let pooled = pooled_passes(req.out_dir, req.pool, &settings, &|levels| {
+        inputs_sha256(&of(levels), req.checkpoint)
+    })?;
     let settings_path = req.out_dir.join("settings.json");
     if req.table_only && !settings_path.exists() {
         bail!(
@@ -525,18 +574,34 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
 
     // The table covers, in this pass and each pooled one, the problems
     // every planner finished: one entry per problem and pass.
-    let mut passes = vec![(req.out_dir.to_path_buf(), done)];
+    let mut passes = vec![Pass {
+        dir: req.out_dir.to_path_buf(),
+        levels: settings.levels.clone(),
+        episodes: done,
+    }];
     passes.extend(pooled);
+    // The levels the table covers: every level when a pass took all.
+    let levels: Vec<u32> = if passes.iter().any(|p| p.levels.is_empty()) {
+        Vec::new()
+    } else {
+        passes
+            .iter()
+            .flat_map(|p| p.levels.iter().copied())
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect()
+    };
     let mut complete: Vec<TreeProblem> = Vec::new();
     let mut runs: Vec<BTreeMap<&str, &Finished>> = Vec::new();
     let mut pass_of: Vec<usize> = Vec::new();
     let mut missing = 0;
-    for (i, (_, eps)) in passes.iter().enumerate() {
+    for (i, pass) in passes.iter().enumerate() {
+        let eps = &pass.episodes;
         let by: BTreeMap<(&str, &str), &Finished> = eps
             .iter()
             .map(|f| ((f.problem.as_str(), f.planner.as_str()), f))
             .collect();
-        for p in &recorded {
+        for p in &of(&pass.levels) {
             let name = p.problem.name.as_str();
             let run: Option<BTreeMap<&str, &Finished>> = planners
                 .iter()
@@ -565,10 +630,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     }
     let exhaustive: Vec<f64> = complete.iter().map(TreeProblem::best).collect();
     let mut rows = Vec::new();
-    let pass_names: Vec<String> = passes
-        .iter()
-        .map(|(d, _)| d.display().to_string())
-        .collect();
+    let pass_names: Vec<String> = passes.iter().map(|p| p.dir.display().to_string()).collect();
     let mut per_problem = problem_rows(&complete);
     if passes.len() > 1 {
         for (r, &i) in per_problem.iter_mut().zip(&pass_of) {
@@ -634,7 +696,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             format!("{} problem(s)", complete.len())
         },
         settings.split,
-        levels_words(&settings.levels),
+        levels_words(&levels),
         req.budget,
         // Episodes judged by compile only have no timing at all.
         if timed { "" } else { " (compile only)" },
@@ -678,7 +740,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     let doc = serde_json::json!({
         "live": true,
         "split": settings.split,
-        "levels": settings.levels,
+        "levels": levels,
         "budget": req.budget,
         "store": req.store.display().to_string(),
         "checkpoint": settings.checkpoint,
