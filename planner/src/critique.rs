@@ -76,6 +76,14 @@ pub struct Diagnosis {
     /// A memory-bound program whose kernels load no vectors, well under
     /// the bandwidth roof.
     pub unvectorized: bool,
+    /// The problem's reference outputs are TF32-rounded (its convolutions
+    /// ran on TF32 under torch's defaults, more than 1e-4 from exact
+    /// float32): known from any run that checked values, so an episode
+    /// learns it at its first judged program ([`Outcome::reference_tf32`]).
+    ///
+    /// [`Outcome::reference_tf32`]: mtmc_env::outcome::Outcome::reference_tf32
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reference_tf32: bool,
 }
 
 /// Length of [`Diagnosis::features`].
@@ -140,6 +148,7 @@ impl Diagnosis {
                 && !o.kernels.is_empty()
                 && !vectors
                 && roofline.is_some_and(|f| f < 0.7),
+            reference_tf32: o.reference_tf32,
         }
     }
 
@@ -164,6 +173,7 @@ impl Diagnosis {
             spills: false,
             low_occupancy: false,
             unvectorized: false,
+            reference_tf32: false,
         }
     }
 
@@ -248,6 +258,10 @@ impl Diagnosis {
                 }
                 if let Some(i) = &self.first_bad {
                     s += &format!(", first at {i:?}");
+                }
+                if self.reference_tf32 {
+                    s += "; the reference is TF32-rounded (its convolutions ran on TF32), \
+                          which no exact float32 convolution kernel meets within 1e-4";
                 }
                 s
             }

@@ -29,6 +29,9 @@ const CLASSES: [OpClass; 14] = [
     OpClass::Opaque,
 ];
 
+/// Index of the convolutions' count in [`CLASSES`] (and the features).
+const CONV: usize = 1;
+
 /// Length of [`Problem::features`].
 pub const GRAPH: usize = CLASSES.len() + 9;
 /// Length of the configuration's features.
@@ -94,9 +97,18 @@ impl Problem {
             // Which rewritten graphs exist, and which products the coder
             // writes, is the caller's to say: it needs the rewritten
             // graphs' regions.
-            shape: Shape::plain(regions, products),
+            shape: Shape {
+                convolutions: counts[CONV] > 0,
+                ..Shape::plain(regions, products)
+            },
             memory_bound: roof.bound == Bound::Memory,
         }
+    }
+
+    /// Whether the graph features count convolutions: the shape's flag for
+    /// a problem recorded before the shape had one.
+    pub fn has_convolutions(&self) -> bool {
+        self.features.get(CONV).is_some_and(|&x| x > 0.0)
     }
 
     /// The roofline bound the diagnoses of this problem's outcomes use.

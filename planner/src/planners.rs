@@ -135,6 +135,7 @@ mod tests {
             regions: 1,
             products: false,
             rewritten: [Some(1), Some(1), None, Some(1)],
+            convolutions: false,
         };
         let problem = Problem {
             name: "p".into(),

@@ -202,6 +202,12 @@ pub struct Shape {
     /// some rewrite applies and it differs from the graphs before it (for
     /// the graph moves).
     pub rewritten: [Option<u16>; REWRITTEN.len()],
+    /// Whether the graph has convolutions: GEMM kernels then compute them
+    /// in exact float32, which misses the tolerance where the reference's
+    /// convolutions ran on TF32 (the episode's mask). Shapes recorded
+    /// before this flag read `false`; `Store::problems` sets it from the
+    /// problem's graph features.
+    pub convolutions: bool,
 }
 
 impl Shape {
@@ -211,6 +217,7 @@ impl Shape {
             regions,
             products,
             rewritten: [None; REWRITTEN.len()],
+            convolutions: false,
         }
     }
 
@@ -240,11 +247,14 @@ struct ShapeRecord {
     rewrites: bool,
     #[serde(default)]
     rewritten: Option<[Option<u16>; REWRITTEN.len()]>,
+    #[serde(default)]
+    convolutions: bool,
 }
 
 impl From<ShapeRecord> for Shape {
     fn from(r: ShapeRecord) -> Shape {
         let mut shape = Shape::plain(r.regions, r.products);
+        shape.convolutions = r.convolutions;
         match r.rewritten {
             Some(rewritten) => shape.rewritten = rewritten,
             None if r.rewrites => shape.rewritten[0] = u16::try_from(r.regions).ok(),
@@ -459,6 +469,7 @@ mod tests {
             regions: 1,
             products: false,
             rewritten: [Some(1), None, Some(2), None],
+            convolutions: false,
         };
         let lib = Config::library(shape);
         let rw = lib.apply(Move::Graph(1), shape).unwrap();
@@ -503,6 +514,7 @@ mod tests {
             regions: 2,
             products: false,
             rewritten: [None, Some(1), None, Some(4)],
+            convolutions: false,
         };
         let back: Shape = serde_json::from_str(&serde_json::to_string(&shape).unwrap()).unwrap();
         assert_eq!(back, shape);

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use mtmc_env::outcome::Status;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::critique::Diagnosis;
@@ -176,7 +177,7 @@ pub struct Recorded {
 
 /// The speedup of a correct, timed program.
 pub fn correct_speedup(d: &Diagnosis) -> Option<f64> {
-    (d.status == mtmc_env::outcome::Status::Correct)
+    (d.status == Status::Correct)
         .then_some(d.speedup_eager)
         .flatten()
 }
@@ -331,7 +332,8 @@ impl Store {
         Ok(())
     }
 
-    /// Every recorded problem, by name.
+    /// Every recorded problem, by name (a shape recorded before it had a
+    /// convolutions flag takes it from the graph features).
     pub fn problems(&self) -> Result<Vec<Problem>, StoreError> {
         let mut q = self
             .conn
@@ -342,7 +344,11 @@ impl Store {
             .and_then(|rows| rows.collect())
             .map_err(|e| self.sql(e))?;
         rows.iter()
-            .map(|t| serde_json::from_str(t).map_err(|e| self.json(e)))
+            .map(|t| {
+                let mut p: Problem = serde_json::from_str(t).map_err(|e| self.json(e))?;
+                p.shape.convolutions |= p.has_convolutions();
+                Ok(p)
+            })
             .collect()
     }
 
@@ -472,7 +478,11 @@ impl Store {
         )
     }
 
-    /// The `(key, diagnosis)` rows of `sql`, decoded, by key.
+    /// The `(key, diagnosis)` rows of `sql` (whose first argument is the
+    /// problem), decoded, by key. Where some recorded outcome of the
+    /// problem found its reference TF32-rounded, every diagnosis of a run
+    /// that checked values says so: diagnoses recorded before they held
+    /// the flag are read as a run today would write them.
     fn diagnoses(
         &self,
         sql: &str,
@@ -485,9 +495,29 @@ impl Store {
             })
             .and_then(|rows| rows.collect())
             .map_err(|e| self.sql(e))?;
+        let tf32 = self.reference_tf32(args[0])?;
         rows.into_iter()
-            .map(|(k, d)| Ok((k, serde_json::from_str(&d).map_err(|e| self.json(e))?)))
+            .map(|(k, d)| {
+                let mut d: Diagnosis = serde_json::from_str(&d).map_err(|e| self.json(e))?;
+                d.reference_tf32 |= tf32 && matches!(d.status, Status::Correct | Status::Incorrect);
+                Ok((k, d))
+            })
             .collect()
+    }
+
+    /// Whether some recorded outcome of `problem` found its reference
+    /// outputs TF32-rounded (`Outcome::reference_tf32`).
+    pub fn reference_tf32(&self, problem: &str) -> Result<bool, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM steps WHERE problem = ?1
+                     AND instr(outcome, '\"reference_tf32\":true') > 0)
+                 OR EXISTS (SELECT 1 FROM evaluations WHERE problem = ?1
+                     AND instr(diagnosis, '\"reference_tf32\":true') > 0)",
+                [problem],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.sql(e))
     }
 
     /// The planners that recorded episodes of `problem`, by name.

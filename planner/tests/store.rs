@@ -341,3 +341,70 @@ fn a_merged_store_holds_both_recordings_once() {
     assert!(err.contains("does not exist"), "{err}");
     assert_eq!(store.steps().unwrap().len(), 7);
 }
+
+/// Outcomes recorded before diagnoses carried the TF32-reference flag, or
+/// shapes before they carried the convolutions flag, read as a run today
+/// writes them.
+#[test]
+fn older_records_read_with_the_tf32_reference_and_convolution_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("tf32.sqlite")).unwrap();
+    let conv = problem("L3/9", "conv+pointwise");
+    let mut plain = problem("L1/1", "pointwise");
+    plain.features[1] = 0.0;
+    for p in [&conv, &plain] {
+        assert!(!p.shape.convolutions, "recorded without the flag");
+        store.put_problem(p).unwrap();
+    }
+    let read = store.problems().unwrap();
+    let flag = |name: &str| {
+        read.iter()
+            .find(|p| p.name == name)
+            .unwrap()
+            .shape
+            .convolutions
+    };
+    assert!(flag("L3/9"), "the graph features count convolutions");
+    assert!(!flag("L1/1"));
+    for p in [&conv, &plain] {
+        let e = store.begin_episode(&p.name, "random", "test", 0).unwrap();
+        let mut first = step(e, 0, Move::CustomKernel(Slot::All), 0.1);
+        // Only the outcome says that the reference was TF32-rounded, and
+        // only for the convolutional problem.
+        if p.name == "L3/9" {
+            first.outcome = r#"{"status":"correct","reference_tf32":true}"#.into();
+        }
+        store.add_step(p, "test", &first).unwrap();
+        let mut wrong = step(e, 1, Move::GemmKernel, -0.3);
+        wrong.diagnosis.as_mut().unwrap().status = Status::Incorrect;
+        store.add_step(p, "test", &wrong).unwrap();
+        let built = step(e, 2, Move::Vectorize(4), -0.5);
+        let mut failed = built;
+        failed.diagnosis = Some(Diagnosis::failed_to_build("k.cu(1): error: x", false));
+        store.add_step(p, "test", &failed).unwrap();
+    }
+    assert!(store.reference_tf32("L3/9").unwrap());
+    assert!(!store.reference_tf32("L1/1").unwrap());
+    let evals = store.evaluations("L3/9").unwrap();
+    assert_eq!(evals.len(), 3);
+    for d in evals.values() {
+        // A run that checked values knows the reference; a build failure
+        // ran nothing.
+        let checked = matches!(d.status, Status::Correct | Status::Incorrect);
+        assert_eq!(d.reference_tf32, checked, "{d:?}");
+    }
+    assert!(
+        store
+            .evaluations("L1/1")
+            .unwrap()
+            .values()
+            .all(|d| !d.reference_tf32)
+    );
+    assert!(
+        store
+            .evaluations_by("L3/9", "random")
+            .unwrap()
+            .values()
+            .any(|d| d.reference_tf32)
+    );
+}
