@@ -31,6 +31,7 @@ const CLASSES: [OpClass; 14] = [
 
 /// Index of the convolutions' count in [`CLASSES`] (and the features).
 const CONV: usize = 1;
+const _: () = assert!(matches!(CLASSES[CONV], OpClass::Conv));
 
 /// Length of [`Problem::features`].
 pub const GRAPH: usize = CLASSES.len() + 9;
