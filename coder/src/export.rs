@@ -827,7 +827,8 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         // A convolution read only through its channels-last view runs on
         // channels-last operands and keeps torch's channels-last result,
         // which that view reads densely; a permute that only graph outputs
-        // and convolutions read stays a view.
+        // and torch's convolutions read stays a view (a kernel takes a raw
+        // pointer, and reads dense memory in the tensor's own order).
         let rank = node.outputs[0].shape.len();
         let read_channels_last = matches!(node.op, Op::Conv(_))
             && (rank == 4 || rank == 5)
@@ -837,7 +838,8 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
                     if *perm == mtmc_actions::rewrite::channels_last_perm(rank))
             });
         let output_view = matches!(node.op, Op::Layout(Layout::Permute { .. }))
-            && mtmc_actions::rewrite::reads_as_view(g, id);
+            && mtmc_actions::rewrite::reads_as_view(g, id)
+            && !g.consumers(id).iter().any(|c| covered.contains(c));
         let mut ins = ins;
         if read_channels_last {
             let format = if rank == 4 {
