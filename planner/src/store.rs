@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mtmc_env::outcome::Status;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
 use crate::critique::Diagnosis;
 use crate::features::Problem;
@@ -495,7 +495,7 @@ impl Store {
             })
             .and_then(|rows| rows.collect())
             .map_err(|e| self.sql(e))?;
-        let tf32 = self.reference_tf32(args[0])?;
+        let tf32 = !rows.is_empty() && self.reference_tf32(args[0])?;
         rows.into_iter()
             .map(|(k, d)| {
                 let mut d: Diagnosis = serde_json::from_str(&d).map_err(|e| self.json(e))?;
@@ -531,19 +531,15 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
-    /// The evaluation of one program of `problem`, if recorded.
+    /// The evaluation of one program of `problem`, if recorded (read as
+    /// [`Store::evaluations`] reads it).
     pub fn evaluation(&self, problem: &str, key: &str) -> Result<Option<Diagnosis>, StoreError> {
-        let text: Option<String> = self
-            .conn
-            .query_row(
-                "SELECT diagnosis FROM evaluations WHERE problem = ?1 AND key = ?2",
-                params![problem, key],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.sql(e))?;
-        text.map(|t| serde_json::from_str(&t).map_err(|e| self.json(e)))
-            .transpose()
+        Ok(self
+            .diagnoses(
+                "SELECT key, diagnosis FROM evaluations WHERE problem = ?1 AND key = ?2",
+                &[problem, key],
+            )?
+            .remove(key))
     }
 
     /// The knowledge base: for each action, the mean reward it earned on

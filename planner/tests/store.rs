@@ -407,4 +407,10 @@ fn older_records_read_with_the_tf32_reference_and_convolution_flags() {
             .values()
             .any(|d| d.reference_tf32)
     );
+    // One program read alone (a live search reusing a recorded outcome)
+    // reads the same.
+    for (key, d) in &evals {
+        assert_eq!(store.evaluation("L3/9", key).unwrap().as_ref(), Some(d));
+    }
+    assert!(store.evaluation("L3/9", "nothing").unwrap().is_none());
 }
