@@ -169,7 +169,8 @@ enum Command {
         /// Repair steps per region for the LLM coder (fix compile, fix correctness).
         #[arg(long, default_value_t = 2)]
         repairs: u32,
-        /// Print the critique of every step.
+        /// Print the critique of every step (with a trained planner, also
+        /// the moves it weighed before each step, with their odds).
         #[arg(short, long)]
         verbose: bool,
         /// Strict mode: every op in a custom kernel (no torch, cuBLAS or

@@ -279,6 +279,26 @@ fn explore_train_compare_and_a_planned_optimize() {
             if planner != "random" {
                 assert_eq!(path.len() as f64, used, "{planner}: {p}");
             }
+            // The trained planner's path says what it weighed at each step:
+            // the policy's likeliest legal moves with their odds, and the
+            // move it took (the one of that step of the path).
+            let weighed = p["planners"][planner]["considered"].as_array();
+            if planner == "trained" {
+                let weighed = weighed.unwrap_or_else(|| panic!("{p}"));
+                assert_eq!(weighed.len(), path.len(), "{p}");
+                for (w, s) in weighed.iter().zip(path) {
+                    let w = w.as_str().unwrap();
+                    let took = s.as_str().unwrap().split(" -> ").next().unwrap();
+                    assert!(w.starts_with("policy: "), "{w}");
+                    assert!(w.ends_with(&format!("; took {took}")), "{w} / {s}");
+                    assert!(
+                        w.contains(&format!("{took} 0.")) || w.contains(&format!("{took} 1.")),
+                        "{w}"
+                    );
+                }
+            } else {
+                assert!(weighed.is_none(), "{planner}: {p}");
+            }
         }
     }
 
@@ -597,10 +617,17 @@ fn explore_train_compare_and_a_planned_optimize() {
         &ck_s,
         "--budget",
         "3",
+        "-v",
         "--out",
         &out.to_string_lossy(),
     ])
     .success();
+    // With -v, the moves the policy weighed before each step.
+    assert!(
+        run.stdout.contains("  weighed for step 1: policy: ") && run.stdout.contains("; took "),
+        "{}",
+        run.stdout
+    );
     assert!(
         run.stdout.contains("planner trained, budget 3"),
         "{}",

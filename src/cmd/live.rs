@@ -667,6 +667,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                     best: f.rejudged.unwrap_or(f.best).max(1.0),
                     evaluations: f.evaluations as f64,
                     path: Vec::new(),
+                    considered: Vec::new(),
                 },
             );
         }

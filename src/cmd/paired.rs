@@ -184,6 +184,7 @@ mod tests {
             best,
             evaluations: 8.0,
             path: Vec::new(),
+            considered: Vec::new(),
         };
         ProblemRow {
             problem: problem.into(),

@@ -84,6 +84,41 @@ pub struct Loaded {
     /// move, and the search ends at the budget, near the roofline, or when
     /// no legal move is left).
     policy_stops: bool,
+    /// The trained planner's last choice: what it weighed.
+    considered: Option<Considered>,
+}
+
+/// The legal moves the trained planner weighed for one choice: its
+/// policy's likeliest ones with their probabilities, and the reward-to-go
+/// model's prediction for those it reranked.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Considered {
+    /// Up to [`CONSIDERED`] legal moves (STOP too), likeliest first, each
+    /// with the policy's probability and, where the model scored it, the
+    /// best speedup it predicts from there.
+    moves: Vec<(Move, f32, Option<f32>)>,
+    /// The move taken.
+    taken: Move,
+}
+
+/// How many of the policy's likeliest legal moves [`Considered`] keeps.
+const CONSIDERED: usize = 4;
+
+impl Considered {
+    /// `policy: m1 0.62, m2 0.20 (…), …; took m`: each move's probability,
+    /// and the reward-to-go model's predicted best speedup in brackets
+    /// where it reranked that move.
+    pub(crate) fn text(&self) -> String {
+        let moves: Vec<String> = self
+            .moves
+            .iter()
+            .map(|(m, p, score)| match score {
+                Some(s) => format!("{} {p:.2} (predicted {:.3}x)", m.label(), s.exp()),
+                None => format!("{} {p:.2}", m.label()),
+            })
+            .collect();
+        format!("policy: {}; took {}", moves.join(", "), self.taken.label())
+    }
 }
 
 impl Choice {
@@ -95,18 +130,21 @@ impl Choice {
                 rtg: None,
                 version: "random".into(),
                 policy_stops: false,
+                considered: None,
             },
             Choice::Greedy => Loaded {
                 planner: Planner::Greedy,
                 rtg: None,
                 version: "greedy".into(),
                 policy_stops: false,
+                considered: None,
             },
             Choice::Exhaustive => Loaded {
                 planner: Planner::Exhaustive,
                 rtg: None,
                 version: "exhaustive".into(),
                 policy_stops: false,
+                considered: None,
             },
             Choice::Trained(dir) => {
                 let (policy, meta) =
@@ -116,6 +154,7 @@ impl Choice {
                     rtg: mtmc_planner::rtg::load(dir).map_err(anyhow::Error::msg)?,
                     version: meta.version,
                     policy_stops: false,
+                    considered: None,
                 }
             }
         })
@@ -158,19 +197,45 @@ impl Loaded {
         let device = Default::default();
         let probs = net.act(obs, mask, &device);
         let score = |i: usize| self.rtg.as_ref().map(|rtg| rtg.score(obs, i, &device));
-        trained_move(&probs, mask, self.policy_stops, score)
+        let (taken, scored) = trained_move(&probs, mask, self.policy_stops, score);
+        let mut legal: Vec<usize> = (0..ACTIONS).filter(|&i| mask[i]).collect();
+        legal.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+        legal.truncate(CONSIDERED);
+        for &(i, _) in &scored {
+            if !legal.contains(&i) {
+                legal.push(i);
+            }
+        }
+        self.considered = Some(Considered {
+            moves: legal
+                .into_iter()
+                .map(|i| {
+                    let s = scored.iter().find(|&&(j, _)| j == i).map(|&(_, s)| s);
+                    (Move::from_index(i), probs[i], s)
+                })
+                .collect(),
+            taken,
+        });
+        taken
+    }
+
+    /// What the trained planner weighed for its last move (none for the
+    /// other planners).
+    pub(crate) fn considered(&self) -> Option<&Considered> {
+        self.considered.as_ref()
     }
 }
 
 /// The trained planner's move, given the policy's probabilities `probs`
 /// over the legal moves `mask` and `score` (the reward-to-go model's
-/// prediction for a move; none without a model).
+/// prediction for a move; none without a model), and the moves the model
+/// scored, with their scores.
 fn trained_move(
     probs: &[f32],
     mask: &[bool; ACTIONS],
     policy_stops: bool,
     score: impl Fn(usize) -> Option<f32>,
-) -> Move {
+) -> (Move, Vec<(usize, f32)>) {
     let mut top: Vec<usize> = (0..ACTIONS)
         .filter(|&i| mask[i] && i != Move::Stop.index())
         .collect();
@@ -181,18 +246,25 @@ fn trained_move(
         .max_by(|a, b| a.1.total_cmp(b.1))
         .is_some_and(|(i, _)| i == Move::Stop.index());
     if top.is_empty() || policy_stops && stop_first {
-        return Move::Stop;
+        return (Move::Stop, Vec::new());
     }
     top.truncate(RERANK);
     let floor = probs[top[0]] * RERANK_WITHIN;
     top.retain(|&i| probs[i] >= floor);
-    // Without a model, the likeliest.
-    let pick = top
+    // A model breaks the policy's near-ties (a single candidate needs no
+    // score); without one, the likeliest.
+    let scored: Vec<(usize, f32)> = if top.len() > 1 {
+        top.iter()
+            .filter_map(|&i| score(i).map(|s| (i, s)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let pick = scored
         .iter()
-        .filter_map(|&i| score(i).map(|s| (i, s)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map_or(top[0], |(i, _)| i);
-    Move::from_index(pick)
+        .map_or(top[0], |&(i, _)| i);
+    (Move::from_index(pick), scored)
 }
 
 /// How a planned search runs.
@@ -373,6 +445,11 @@ pub fn plan_problem(
         let obs = observe(&problem, &e, &prior);
         let mask = e.mask();
         let m = planner.choose(&problem, &e, &obs, &mask);
+        if settings.verbose
+            && let Some(c) = planner.considered()
+        {
+            writeln!(out, "  weighed for step {}: {}", e.step + 1, c.text())?;
+        }
         let state = e.config.key();
         let target = e.target(m).filter(|_| m != Move::Stop && mask[m.index()]);
         let Some(next) = target else {
@@ -1675,6 +1752,10 @@ pub(crate) struct PlannerResult {
     /// each `move -> program: outcome`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) path: Vec<String>,
+    /// Replay, the trained planner: for each step of `path`, what it
+    /// weighed ([`Considered::text`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) considered: Vec<String>,
 }
 
 /// What `mtmc compare` was asked to do.
@@ -1775,6 +1856,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         let mut bests = vec![0.0f64; problems.len()];
         let mut used = vec![0usize; problems.len()];
         let mut paths = vec![Vec::new(); problems.len()];
+        let mut weighed = vec![Vec::new(); problems.len()];
         // Episodes whose best reached 90 % of the exhaustive best, and the
         // evaluations that took.
         let (mut near, mut to_near) = (0usize, 0usize);
@@ -1786,6 +1868,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
                 used[k] += r.evaluations;
                 if seed == 0 {
                     paths[k] = r.path;
+                    weighed[k] = r.considered;
                 }
                 if let Some(r) = r.reached {
                     near += 1;
@@ -1794,9 +1877,10 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             }
         }
         let bests: Vec<f64> = bests.iter().map(|l| l.exp()).collect();
-        for ((r, path), (&best, &n)) in per_problem
+        for (((r, path), considered), (&best, &n)) in per_problem
             .iter_mut()
             .zip(paths)
+            .zip(weighed)
             .zip(bests.iter().zip(&used))
         {
             r.planners.insert(
@@ -1805,6 +1889,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
                     best,
                     evaluations: n as f64 / seeds as f64,
                     path,
+                    considered,
                 },
             );
         }
@@ -2046,6 +2131,9 @@ struct Replayed {
     reached: Option<usize>,
     /// Its steps, each `move -> program: outcome`.
     path: Vec<String>,
+    /// For each of them, what the trained planner weighed (empty for the
+    /// other planners).
+    considered: Vec<String>,
 }
 
 /// Replays one episode of `loaded` on recorded problem `k`.
@@ -2061,6 +2149,7 @@ fn replay(
     env.start(k);
     let mut reached = None;
     let mut path = Vec::new();
+    let mut considered = Vec::new();
     loop {
         let obs = env.state();
         let m = loaded.choose(
@@ -2069,6 +2158,7 @@ fn replay(
             &obs.features,
             &obs.mask,
         );
+        let weighed = loaded.considered().map(Considered::text);
         let m = if obs.mask[m.index()] { m } else { Move::Stop };
         let target = env.episode().target(m).map(|c| c.key());
         let done = env.step(m.index()).done;
@@ -2078,6 +2168,7 @@ fn replay(
                 (status, _) => status.name().replace('_', " "),
             };
             path.push(format!("{} -> {key}: {outcome}", m.label()));
+            considered.extend(weighed);
         }
         if reached.is_none() && env.episode().best_speedup() >= near {
             reached = Some(env.episode().step);
@@ -2091,6 +2182,7 @@ fn replay(
         evaluations: env.episode().step,
         reached,
         path,
+        considered,
     }
 }
 
@@ -2285,21 +2377,49 @@ mod tests {
         let none = |_: usize| None;
         // The policy's first choice is STOP: the search goes on with its
         // likeliest other move unless the policy may stop it.
-        assert_eq!(trained_move(&probs, &mask, false, none), Move::Split);
-        assert_eq!(trained_move(&probs, &mask, true, none), Move::Stop);
+        assert_eq!(
+            trained_move(&probs, &mask, false, none),
+            (Move::Split, vec![])
+        );
+        assert_eq!(trained_move(&probs, &mask, true, none).0, Move::Stop);
         // The reward-to-go model picks among the moves at least half as
-        // likely as the first (Split, Fuse is 1/3: left out).
+        // likely as the first (Split, Fuse is 1/3: left out; one candidate
+        // needs no score).
         let score = |i: usize| Some(if i == a { 9.0 } else { 0.0 });
-        assert_eq!(trained_move(&probs, &mask, false, score), Move::Split);
+        assert_eq!(
+            trained_move(&probs, &mask, false, score),
+            (Move::Split, vec![])
+        );
         probs[a] = 0.2;
-        assert_eq!(trained_move(&probs, &mask, false, score), Move::Fuse);
+        assert_eq!(
+            trained_move(&probs, &mask, false, score),
+            (Move::Fuse, vec![(b, 0.0), (a, 9.0)])
+        );
         // Nothing legal but STOP.
         let only = {
             let mut m = [false; ACTIONS];
             m[stop] = true;
             m
         };
-        assert_eq!(trained_move(&probs, &only, false, none), Move::Stop);
+        assert_eq!(trained_move(&probs, &only, false, none).0, Move::Stop);
+    }
+
+    /// What the trained planner weighed reads as its moves' odds, the
+    /// model's predictions where it reranked, and the move taken.
+    #[test]
+    fn the_considered_moves_read_with_their_odds() {
+        let c = Considered {
+            moves: vec![
+                (Move::Graph(1), 0.62, Some(1.2f32.ln())),
+                (Move::Vectorize(4), 0.31, Some(0.0)),
+                (Move::Stop, 0.05, None),
+            ],
+            taken: Move::Graph(1),
+        };
+        assert_eq!(
+            c.text(),
+            "policy: rewrite(on) 0.62 (predicted 1.200x), vectorize(4) 0.31 (predicted 1.000x), stop 0.05; took rewrite(on)"
+        );
     }
 
     #[test]
