@@ -106,6 +106,10 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
         ("y = cumsum(x, dim=1, exclusive=true)", "x=64x100x33"),
         ("y = logsumexp(exp(x) + 1.0, dim=1)", "x=512x8192"),
         ("y = relu(x @ w + b)", "x=1024x512,w=512x768,b=768"),
+        // B stored [K, N], transposed into shared memory for `wgmma`:
+        // edges in every dimension, and K below one slice.
+        ("y = x @ w", "x=333x520,w=520x260"),
+        ("y = x @ w", "x=64x8,w=8x4096"),
         ("y = x @ w.T", "x=1000x256,w=600x256"),
         ("y = gelu(x @ w.T + b) * 0.5", "x=333x520,w=260x520,b=260"),
         ("y = x.T @ w", "x=256x512,w=256x384"),

@@ -46,13 +46,18 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
         assert!(f.source.contains("mma.sync.aligned.m16n8k8"), "{src}");
         // Three slices in flight pass the 48 KiB a kernel gets unasked.
         assert!(f.launch.shared > 48 * 1024, "{src}");
-        // Both operands K-contiguous: the kernel has a `wgmma` path for
-        // sm_90a (two warpgroups) and the `mma.sync` path for any other
-        // target, with the same launch.
-        let both_k = src.contains("x @ w.T");
-        assert_eq!(f.source.contains("wgmma.mma_async"), both_k, "{src}");
-        assert_eq!(f.launch.block, if both_k { 256 } else { 128 }, "{src}");
-        if both_k {
+        // A K-contiguous: the kernel has a `wgmma` path for sm_90a (two
+        // warpgroups) and the `mma.sync` path for any other target, with
+        // the same launch. A B stored `[K, N]` is transposed into shared
+        // memory on the way, which takes two more 16 KiB buffers.
+        let a_k = !src.contains("x.T");
+        assert_eq!(f.source.contains("wgmma.mma_async"), a_k, "{src}");
+        assert_eq!(f.launch.block, if a_k { 256 } else { 128 }, "{src}");
+        if a_k {
+            let b_k = src.contains("w.T");
+            assert_eq!(f.source.contains("braw["), !b_k, "{src}");
+            let bytes = if b_k { 161 } else { 193 } * 1024;
+            assert_eq!(f.launch.shared, bytes, "{src}");
             // Hopper's build issues `wgmma`; Ampere's builds the other path.
             for (arch, wgmma) in [
                 (mtmc_env::nvrtc::Arch::SM90, true),

@@ -11,17 +11,20 @@
 //! accuracy. Measured on the H100 against a float64 product, the error is
 //! below cuBLAS's fp32 SGEMM.
 //!
-//! When both operands are K-contiguous (`x @ w.T`, a linear layer) and the
+//! When A is K-contiguous (`x @ w.T`, a linear layer; `x @ w`) and the
 //! kernel is compiled for Hopper's arch-specific target (`sm_90a`), the
 //! products are `wgmma` instructions of a warpgroup each: a block of two
-//! warpgroups computes a 128×128 tile, 64 rows each. Both operands' raw
-//! slices are staged in shared memory in the 128-byte swizzled layout
-//! `wgmma` reads; the tensor cores read a raw fp32 value as its TF32
-//! truncation (the `big` part), and the block writes each slice's
-//! remainders (`x - big`, rounded to TF32) to a second buffer before the
-//! products read it. Each slice's twelve products go to a fresh
-//! accumulator, added to the running sum in fp32. Compiled for any other
-//! target, the same kernel runs the `mma.sync` body below with eight warps.
+//! warpgroups computes a 128×128 tile, 64 rows each. TF32 `wgmma` reads
+//! both operands K-major from shared memory, in the 128-byte swizzled
+//! layout; the tensor cores read a raw fp32 value as its TF32 truncation
+//! (the `big` part), and the block writes each slice's remainders
+//! (`x - big`, rounded to TF32) to a second buffer before the products
+//! read it. A K-contiguous operand's raw slice is staged swizzled and read
+//! as it is; a B stored `[K, N]` is staged as it lies, and the block
+//! writes it K-major twice, raw and as remainders, into buffers of its own.
+//! Each slice's twelve products go to a fresh accumulator, added to the
+//! running sum in fp32. Compiled for any other target, the same kernel
+//! runs the `mma.sync` body below with eight warps.
 //!
 //! With `mma.sync`, a block computes a 128×128 tile of the output with four
 //! warps (64×64 each, `m16n8k8` fragments; eight warps of 64×32 in the
@@ -93,9 +96,15 @@ const EIGHT: Warps = Warps::new(4, 4, 256);
 /// Bytes of one raw slice in the `wgmma` path (A and B, 128 rows of 128
 /// bytes each).
 const WG_STAGE: u64 = (BM + BN) * BK * 4;
+/// Bytes of B's slice of one stage in the `wgmma` path.
+const WG_B: u64 = BN * BK * 4;
 /// Shared memory of the `wgmma` path: raw slices in flight, two buffers
-/// of remainders, and 1 KiB to align the swizzled tiles.
-const WG_SHARED: u64 = STAGES * WG_STAGE + 2 * WG_STAGE + 1024;
+/// of remainders, two of B's transposed big parts where B is stored
+/// `[K, N]`, and 1 KiB to align the swizzled tiles.
+const fn wg_shared(b_k_contiguous: bool) -> u64 {
+    let transposed = if b_k_contiguous { 0 } else { 2 * WG_B };
+    STAGES * WG_STAGE + 2 * WG_STAGE + transposed + 1024
+}
 
 /// How one operand is laid out in memory.
 pub(super) struct Operand {
@@ -185,12 +194,12 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     let fused = Fused::new(g, &region, m.bias, n, name)?;
 
-    // Both operands K-contiguous: `wgmma` where the target has it.
-    let hopper = a.k_contiguous && b.k_contiguous;
+    // A K-contiguous: `wgmma` where the target has it.
+    let hopper = a.k_contiguous;
     let warps = if hopper { EIGHT } else { FOUR };
     let mut shared = 4 * STAGES * (a.tile(BM) + b.tile(BN));
     if hopper {
-        shared = shared.max(WG_SHARED);
+        shared = shared.max(wg_shared(b.k_contiguous));
     }
     let threads = warps.threads;
     let mut src = String::new();
@@ -234,7 +243,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     mma.push_str(&mma_store(&store, warps, ROW_MAJOR));
     if hopper {
         src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
-        src.push_str(&wgmma_body(name, &store));
+        src.push_str(&wgmma_body(name, &store, b.k_contiguous));
         src.push_str("#else\n");
         src.push_str(&mma);
         src.push_str("#endif\n");
@@ -664,17 +673,82 @@ __device__ __forceinline__ void {name}_fence(float* d) {{
     )
 }
 
-/// The `wgmma` path for K-contiguous operands, stores included. A slice
-/// of A (128 rows) and of B (128 columns), 32 deep, is 128 rows of 128
-/// bytes; 16-byte chunk `c` of row `r` lands at chunk `c ^ (r % 8)`, the
-/// swizzle the descriptors name. Per slice: wait for it, write its
+/// The `wgmma` path, stores included. A slice of A (128 rows) and of a
+/// K-contiguous B (128 columns), 32 deep, is 128 rows of 128 bytes;
+/// 16-byte chunk `c` of row `r` lands at chunk `c ^ (r % 8)`, the swizzle
+/// the descriptors name. A B stored `[K, N]` (`b_k` false) is staged as it
+/// lies, 32 rows of 128 columns, and `split` writes it K-major in that
+/// swizzle, raw and as remainders. Per slice: wait for it, write its
 /// remainders, then each warpgroup issues four 8-deep steps of three
 /// products (small·big, big·small, big·big) into a fresh accumulator; the
 /// next slice's remainders are written while they run.
-fn wgmma_body(name: &str, store: &str) -> String {
+fn wgmma_body(name: &str, store: &str, b_k: bool) -> String {
     let store = store.replace("ACC", "acc[4 * j + 2 * h + q]");
     let (stage, a_bytes) = (WG_STAGE, BM * BK * 4);
     let chunks = BK / 4;
+    let row = BK * 4;
+    let load_b = if b_k {
+        format!(
+            r#"#pragma unroll
+            for (int c = tid; c < {BN} * {chunks}; c += 256) {{
+                int r = c / {chunks}, ch = c % {chunks};
+                bool ok = n0 + r < N && k0 + ch * 4 < K;
+                {name}_cp16((float*)(bs + r * {row} + ((ch ^ (r & 7)) << 4)), ok ? bb + (n0 + r) * K + k0 + ch * 4 : b, ok);
+            }}
+"#
+        )
+    } else {
+        let per = BN / 4;
+        format!(
+            r#"#pragma unroll
+            for (int c = tid; c < {BK} * {per}; c += 256) {{
+                int r = c / {per}, ch = c % {per};
+                bool ok = k0 + r < K && n0 + ch * 4 < N;
+                {name}_cp16((float*)(bs + r * {BN} * 4 + (ch << 4)), ok ? bb + (k0 + r) * N + n0 + ch * 4 : b, ok);
+            }}
+"#
+        )
+    };
+    // Remainders in place of the raw values, element by element.
+    let remainders = r#"#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float r = e[q] - __uint_as_float(__float_as_uint(e[q]) & 0xffffe000u);
+                unsigned l;
+                asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
+                e[q] = __uint_as_float(l);
+            }
+"#;
+    // The raw slice's vectors whose remainders keep its layout: all of
+    // it, or A's part; a `[K, N]` B's are gathered four rows at a time,
+    // one column a thread, and land at its K-major swizzled place.
+    let (kept, transpose, b_big) = if b_k {
+        (
+            stage / 16,
+            String::new(),
+            format!("base + (kt % {STAGES}) * {stage} + {a_bytes}"),
+        )
+    } else {
+        let transpose = format!(
+            r#"        const float* braw = (const float*)(gbase + (kt % {STAGES}) * {stage} + {a_bytes});
+        unsigned char* bbig = gbase + {STAGES} * {stage} + 2 * {stage} + (kt & 1) * {WG_B};
+        unsigned char* bsmall = (unsigned char*)dst + {a_bytes};
+#pragma unroll
+        for (int i = tid; i < {BN} * {chunks}; i += 256) {{
+            int n = i % {BN}, ch = i / {BN};
+            float4 v = make_float4(braw[(ch * 4) * {BN} + n], braw[(ch * 4 + 1) * {BN} + n], braw[(ch * 4 + 2) * {BN} + n], braw[(ch * 4 + 3) * {BN} + n]);
+            int at = n * {row} + ((ch ^ (n & 7)) << 4);
+            *(float4*)(bbig + at) = v;
+            float* e = (float*)&v;
+{remainders}            *(float4*)(bsmall + at) = v;
+        }}
+"#
+        );
+        (
+            a_bytes / 16,
+            transpose,
+            format!("base + {STAGES} * {stage} + 2 * {stage} + (kt & 1) * {WG_B}"),
+        )
+    };
     format!(
         r#"    extern __shared__ __align__(16) unsigned char smem_bytes[];
     const unsigned raw_base = (unsigned)__cvta_generic_to_shared(smem_bytes);
@@ -696,13 +770,7 @@ fn wgmma_body(name: &str, store: &str) -> String {
                 bool ok = m0 + r < M && k0 + ch * 4 < K;
                 {name}_cp16((float*)(as + r * {row} + ((ch ^ (r & 7)) << 4)), ok ? ab + (m0 + r) * K + k0 + ch * 4 : a, ok);
             }}
-#pragma unroll
-            for (int c = tid; c < {BN} * {chunks}; c += 256) {{
-                int r = c / {chunks}, ch = c % {chunks};
-                bool ok = n0 + r < N && k0 + ch * 4 < K;
-                {name}_cp16((float*)(bs + r * {row} + ((ch ^ (r & 7)) << 4)), ok ? bb + (n0 + r) * K + k0 + ch * 4 : b, ok);
-            }}
-        }}
+{load_b}        }}
         asm volatile("cp.async.commit_group;\n");
     }};
     // The TF32 remainders of a raw slice, element by element: the
@@ -711,19 +779,12 @@ fn wgmma_body(name: &str, store: &str) -> String {
         const float4* src = (const float4*)(gbase + (kt % {STAGES}) * {stage});
         float4* dst = (float4*)(gbase + {STAGES} * {stage} + (kt & 1) * {stage});
 #pragma unroll
-        for (int i = tid; i < {vectors}; i += 256) {{
+        for (int i = tid; i < {kept}; i += 256) {{
             float4 v = src[i];
             float* e = (float*)&v;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {{
-                float r = e[q] - __uint_as_float(__float_as_uint(e[q]) & 0xffffe000u);
-                unsigned l;
-                asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
-                e[q] = __uint_as_float(l);
-            }}
-            dst[i] = v;
+{remainders}            dst[i] = v;
         }}
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+{transpose}        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }};
     float acc[{WG_ACC}], p[{WG_ACC}];
 #pragma unroll
@@ -739,7 +800,7 @@ fn wgmma_body(name: &str, store: &str) -> String {
     split(0);
     __syncthreads();
     for (int kt = 0; kt < KTILES; ++kt) {{
-        const unsigned ar = base + (kt % {STAGES}) * {stage} + wgi * 64 * {row}, br = base + (kt % {STAGES}) * {stage} + {a_bytes};
+        const unsigned ar = base + (kt % {STAGES}) * {stage} + wgi * 64 * {row}, br = {b_big};
         const unsigned al = SMALL + (kt & 1) * {stage} + wgi * 64 * {row}, bl = SMALL + (kt & 1) * {stage} + {a_bytes};
         {name}_fence(p);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -776,8 +837,6 @@ fn wgmma_body(name: &str, store: &str) -> String {
 "#,
         pair = store_pair(&store, ROW_MAJOR),
         order = tile_order(BM, BN),
-        row = BK * 4,
-        vectors = stage / 16,
         frags = BN / 8,
     )
 }
