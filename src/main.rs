@@ -238,6 +238,14 @@ enum Command {
         /// retile, vectorize, rewrite).
         #[arg(long, value_name = "KIND")]
         beyond: Vec<String>,
+        /// Build every recorded program an episode reaches, and judge it
+        /// again where this build writes other code than the one judged
+        /// (a coder change since it was recorded), instead of taking its
+        /// recorded outcome: refreshes the tree after a coder change, at a
+        /// compile per recorded program (with --planner exhaustive and one
+        /// more --episodes than recorded, every program it enumerates).
+        #[arg(long)]
+        rejudge_changed: bool,
     },
     /// Train the planner with PPO on the recorded trajectory tree (no GPU
     /// needed), then the reward-to-go model; write the checkpoint, curves
@@ -615,6 +623,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                             near_roofline: 0.9,
                             verbose,
                             reuse: false,
+                            rejudge_changed: false,
                             // On a GPU the best program is timed once
                             // more: the best of the search's timings is
                             // the luckiest one.
@@ -692,6 +701,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             timeout,
             seed,
             beyond,
+            rejudge_changed,
         } => cmd::plan::explore(
             out,
             cmd::plan::ExploreRequest {
@@ -706,6 +716,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 timeout: std::time::Duration::from_secs(timeout),
                 seed,
                 beyond: &beyond,
+                rejudge_changed,
             },
         ),
         Command::Train {

@@ -1062,3 +1062,77 @@ fn explore_beyond_judges_the_programs_one_move_past_the_recorded_ones() {
         err.error
     );
 }
+
+#[test]
+fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("traj.sqlite");
+    let store_s = store.to_string_lossy().into_owned();
+    let problem = "L2/76_Gemm_Add_ReLU";
+    let kb = shared_jsonl();
+    let explore = |episodes: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--kernelbench",
+            &kb,
+            "explore",
+            "L2/76",
+            "--split",
+            "all",
+            "--planner",
+            "exhaustive",
+            "--episodes",
+            episodes,
+            "--budget",
+            "4",
+            "--trajectories",
+            &store_s,
+        ];
+        args.extend_from_slice(extra);
+        mtmc(&args).success()
+    };
+    let hashes = || {
+        let s = mtmc_planner::store::Store::open(&store).unwrap();
+        s.evaluations(problem)
+            .unwrap()
+            .keys()
+            .map(|k| (k.clone(), s.evaluation_hash(problem, k).unwrap().unwrap()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    explore("1", &[]);
+    let first = hashes();
+    assert_eq!(first.len(), 4, "{first:?}");
+    // The GEMM program's fragments were built; the library program has none.
+    assert_eq!(first["gemm"].len(), 64, "{first:?}");
+    assert_eq!(first["library"], "", "{first:?}");
+    // A second episode reaches the same programs and takes their recorded
+    // outcomes: the hashes of the code judged stay.
+    let run = explore("2", &[]);
+    assert!(!run.stdout.contains("judged again"), "{}", run.stdout);
+    assert_eq!(hashes(), first);
+    // A program recorded with other code than this build writes (as after
+    // a coder change) is judged again, and only that one.
+    let conn = rusqlite::Connection::open(&store).unwrap();
+    conn.execute(
+        "UPDATE evaluations SET fragment_hash = 'earlier' WHERE problem = ?1 AND key = 'gemm'",
+        [problem],
+    )
+    .unwrap();
+    drop(conn);
+    let run = explore("3", &["--rejudge-changed"]);
+    assert!(
+        run.stdout.contains(
+            "episode 1: best 0.000x in 4 evaluation(s), 1 of them recorded programs judged again"
+        ) && run.stdout.contains("1 recorded program(s) judged again"),
+        "{}",
+        run.stdout
+    );
+    // The program judged again keeps the hash of the code it judged now,
+    // so the next pass takes every recorded outcome.
+    assert_eq!(hashes(), first);
+    let run = explore("4", &["--rejudge-changed"]);
+    assert!(
+        run.stdout.contains("0 recorded program(s) judged again"),
+        "{}",
+        run.stdout
+    );
+}

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use mtmc_env::outcome::Status;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::critique::Diagnosis;
 use crate::features::Problem;
@@ -136,6 +136,10 @@ pub struct StepRecord {
     pub best_speedup: f64,
     /// When the step started (Unix seconds).
     pub started_at: f64,
+    /// Its diagnosis is the store's recorded evaluation of `next_state`
+    /// (nothing was built or judged now): the evaluation, and the hash of
+    /// the code that was judged, are left as they are.
+    pub reused: bool,
 }
 
 /// Seconds since the Unix epoch.
@@ -433,7 +437,7 @@ impl Store {
         )
         .map_err(err)?;
         let id = tx.last_insert_rowid();
-        if let (Some(d), Some(text)) = (&s.diagnosis, &diagnosis) {
+        if let (Some(d), Some(text), false) = (&s.diagnosis, &diagnosis, s.reused) {
             tx.execute(
                 "INSERT OR REPLACE INTO evaluations (problem, key, status, speedup, diagnosis,
                     fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -540,6 +544,20 @@ impl Store {
                 &[problem, key],
             )?
             .remove(key))
+    }
+
+    /// The SHA-256 of the fragments whose evaluation of program `key` of
+    /// `problem` is recorded: empty where nothing was built (or, in a
+    /// store written before reused steps kept it, where a step that took
+    /// the recorded outcome wrote over it); `None` when there is none.
+    pub fn evaluation_hash(&self, problem: &str, key: &str) -> Result<Option<String>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare_cached("SELECT fragment_hash FROM evaluations WHERE problem = ?1 AND key = ?2")
+            .map_err(|e| self.sql(e))?;
+        q.query_row(params![problem, key], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.sql(e))
     }
 
     /// The knowledge base: for each action, the mean reward it earned on

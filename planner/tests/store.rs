@@ -39,6 +39,7 @@ fn step(episode: i64, k: usize, action: Move, reward: f64) -> StepRecord {
         reward,
         best_speedup: 1.0,
         started_at: now(),
+        reused: false,
     }
 }
 

@@ -491,6 +491,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             near_roofline: 0.9,
             verbose: false,
             reuse: false,
+            rejudge_changed: false,
             rejudge: true,
             knowledge: req.split,
         };

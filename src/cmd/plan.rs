@@ -278,6 +278,10 @@ pub struct PlanSettings {
     /// Take a program's outcome from the store when it was judged before
     /// (exploration: the tree's node is known), instead of judging again.
     pub reuse: bool,
+    /// With `reuse`: build each recorded program first, and take its
+    /// recorded outcome only where this build writes the code that was
+    /// judged (see [`Reuse::Unchanged`]).
+    pub rejudge_changed: bool,
     /// Judge the best program once more after the search (outside the
     /// budget): the best of several timings is the luckiest one, and a
     /// fresh timing of it is what a comparison of planners should read.
@@ -328,6 +332,35 @@ pub struct EpisodeResult {
     /// [`PlanSettings::rejudge`], on a GPU, when a program was correct; 0
     /// when it was not correct the second time).
     pub rejudged: Option<f64>,
+    /// Recorded programs judged again because this build writes their code
+    /// otherwise ([`Reuse::Unchanged`]).
+    pub changed: usize,
+}
+
+/// Which recorded outcomes a search takes instead of judging.
+#[derive(Clone, Copy)]
+pub enum Reuse<'s> {
+    /// None: every program is judged.
+    Nothing,
+    /// Every program the store has an evaluation of (by key).
+    Recorded(&'s Store),
+    /// Those whose code this build writes as it was when judged: each
+    /// recorded program is built, and judged again where its fragments'
+    /// hash differs from the recorded one (a coder change since), or where
+    /// no hash was kept and it builds now. A program that fails to build
+    /// takes its recorded outcome where that was a failure to build too.
+    Unchanged(&'s Store),
+}
+
+impl<'s> Reuse<'s> {
+    /// `store` as the settings ask (`reuse`, `rejudge_changed`).
+    fn of(store: Option<&'s Store>, reuse: bool, changed: bool) -> Reuse<'s> {
+        match store {
+            Some(s) if reuse && changed => Reuse::Unchanged(s),
+            Some(s) if reuse => Reuse::Recorded(s),
+            _ => Reuse::Nothing,
+        }
+    }
 }
 
 /// A step's program: judged before (its recorded diagnosis) or built now.
@@ -472,6 +505,7 @@ pub fn plan_problem(
                         reward: r,
                         best_speedup: e.best_speedup(),
                         started_at: started,
+                        reused: false,
                     },
                 )?;
             }
@@ -484,7 +518,8 @@ pub fn plan_problem(
             .iter()
             .map(|(m, next, _)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
             .collect();
-        let judged = j.evaluate(store.as_deref().filter(|_| settings.reuse), &asked)?;
+        let reuse = Reuse::of(store.as_deref(), settings.reuse, settings.rejudge_changed);
+        let judged = j.evaluate(reuse, &asked)?;
         for ((ev, (m, next, obs)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
             let text = ev.diagnosis.text();
             let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
@@ -556,6 +591,7 @@ pub fn plan_problem(
         bests,
         wrote,
         rejudged,
+        changed: j.changed,
     })
 }
 
@@ -601,6 +637,8 @@ struct Evaluated {
     /// Why it was not built (the first line of the coder's or compiler's
     /// log), when it was not.
     failure: Option<String>,
+    /// Its diagnosis is the store's (nothing was built or judged now).
+    reused: bool,
 }
 
 impl Evaluated {
@@ -637,6 +675,7 @@ impl Evaluated {
             reward,
             best_speedup: e.best_speedup(),
             started_at,
+            reused: self.reused,
         })
     }
 }
@@ -665,6 +704,8 @@ struct Judging<'a> {
     source: mtmc_env::evaluator::ProblemSource,
     judge: &'a mut ProblemJudge,
     found: Found,
+    /// Recorded programs judged again because their code changed.
+    changed: usize,
 }
 
 impl<'a> Judging<'a> {
@@ -706,6 +747,7 @@ impl<'a> Judging<'a> {
             source,
             judge,
             found: Found::default(),
+            changed: 0,
         })
     }
 
@@ -748,21 +790,40 @@ impl<'a> Judging<'a> {
     /// Every attempt and (when best) the program are kept in `found`.
     fn evaluate(
         &mut self,
-        reuse: Option<&Store>,
+        reuse: Reuse<'_>,
         asked: &[(Move, Config, String)],
     ) -> Result<Vec<Evaluated>> {
         let mut known = Vec::new();
         for (_, next, _) in asked {
             let recorded = match reuse {
-                Some(s) => s.evaluation(&self.problem.name, &next.key())?,
-                None => None,
-            };
-            known.push(match recorded {
-                Some(d) => Known::Recorded(d),
-                None => {
-                    let (g, regions) = self.graph(next);
-                    Known::Built(build_config(g, regions, next))
+                Reuse::Recorded(s) | Reuse::Unchanged(s) => {
+                    s.evaluation(&self.problem.name, &next.key())?
                 }
+                Reuse::Nothing => None,
+            };
+            let build = || {
+                let (g, regions) = self.graph(next);
+                build_config(g, regions, next)
+            };
+            known.push(match (recorded, reuse) {
+                (Some(d), Reuse::Unchanged(s)) => {
+                    let hash = s
+                        .evaluation_hash(&self.problem.name, &next.key())?
+                        .unwrap_or_default();
+                    let built = build();
+                    let same = match &built {
+                        Ok(program) => fragments(program).0 == hash,
+                        Err(_) => hash.is_empty() && d.status == Status::CompileError,
+                    };
+                    if same {
+                        Known::Recorded(d)
+                    } else {
+                        self.changed += 1;
+                        Known::Built(built)
+                    }
+                }
+                (Some(d), _) => Known::Recorded(d),
+                (None, _) => Known::Built(build()),
             });
         }
         let to_judge: Vec<(&OpGraph, &Program, String)> = known
@@ -794,6 +855,7 @@ impl<'a> Judging<'a> {
                         hash: String::new(),
                         code: String::new(),
                         failure: None,
+                        reused: true,
                     }
                 }
                 Known::Built(Err(f)) => {
@@ -807,6 +869,7 @@ impl<'a> Judging<'a> {
                         hash: String::new(),
                         code: f.fragment.clone().unwrap_or_default(),
                         failure: f.log.lines().find(|l| !l.trim().is_empty()).map(str::to_string),
+                        reused: false,
                     }
                 }
                 Known::Built(Ok(program)) => {
@@ -827,6 +890,7 @@ impl<'a> Judging<'a> {
                         hash,
                         code,
                         failure: None,
+                        reused: false,
                     }
                 }
             });
@@ -870,7 +934,10 @@ pub fn enumerate_problem(
             .iter()
             .map(|(_, m, next)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
             .collect();
-        let judged = j.evaluate(Some(&*rec.store), &asked)?;
+        let judged = j.evaluate(
+            Reuse::of(Some(&*rec.store), true, rec.rejudge_changed),
+            &asked,
+        )?;
         for ((ev, (parent, m, next)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
             e.config = parent.clone();
             let obs = observe(problem, &e, prior);
@@ -984,7 +1051,7 @@ pub fn extend_problem(
                 )
             })
             .collect();
-        let judged = j.evaluate(None, &asked)?;
+        let judged = j.evaluate(Reuse::Nothing, &asked)?;
         for (ev, ((_, parent, m, next), (_, _, label))) in
             judged.into_iter().zip(round.iter().zip(&asked))
         {
@@ -1014,6 +1081,9 @@ pub struct Recording<'a> {
     /// The problems whose recorded steps the priors read: those this
     /// split [`Split::knows`].
     pub knowledge: Split,
+    /// Judge again the recorded programs whose code changed
+    /// ([`Reuse::Unchanged`]) instead of taking every recorded outcome.
+    pub rejudge_changed: bool,
 }
 
 /// An episode [`Recording::begin`] opened: the problem as the store holds
@@ -1083,6 +1153,7 @@ impl Recording<'_> {
             bests,
             wrote: j.found.best.is_some(),
             rejudged: None,
+            changed: j.changed,
         })
     }
 }
@@ -1232,6 +1303,9 @@ pub struct ExploreRequest<'a> {
     /// programs one such move beyond the recorded ones instead
     /// (`extend_problem`).
     pub beyond: &'a [String],
+    /// Judge again the recorded programs whose code changed
+    /// ([`Reuse::Unchanged`]).
+    pub rejudge_changed: bool,
 }
 
 /// `mtmc merge`: copies each store of `from`, in order, into `into`.
@@ -1349,10 +1423,12 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         near_roofline: f64::INFINITY,
         verbose: false,
         reuse: true,
+        rejudge_changed: req.rejudge_changed,
         rejudge: false,
         knowledge: req.split,
     };
     let mut log = Vec::new();
+    let mut changed = 0;
     for ((p, n), traced) in work.iter().zip(graphs) {
         let g = match traced.graph {
             Ok(g) => g,
@@ -1379,6 +1455,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
                         version: &loaded.version,
                         seed,
                         knowledge: req.split,
+                        rejudge_changed: req.rejudge_changed,
                     },
                 )
             } else if matches!(req.planner, Choice::Exhaustive) {
@@ -1393,6 +1470,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
                         version: &loaded.version,
                         seed,
                         knowledge: req.split,
+                        rejudge_changed: req.rejudge_changed,
                     },
                 )
             } else {
@@ -1411,13 +1489,19 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
             };
             match r {
                 Ok(r) => bar.suspend(|| {
+                    changed += r.changed;
                     writeln!(
                         out,
-                        "{}: episode {}: best {:.3}x in {} evaluation(s)",
+                        "{}: episode {}: best {:.3}x in {} evaluation(s){}",
                         p.full_name(),
                         k + 1,
                         r.best,
-                        r.evaluations
+                        r.evaluations,
+                        if req.rejudge_changed {
+                            format!(", {} of them recorded programs judged again", r.changed)
+                        } else {
+                            String::new()
+                        }
                     )
                 })?,
                 Err(e) => {
@@ -1428,6 +1512,12 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         }
     }
     bar.finish_and_clear();
+    if req.rejudge_changed {
+        writeln!(
+            out,
+            "{changed} recorded program(s) judged again: this build writes other code for them than the code judged, or the store kept no hash of that code"
+        )?;
+    }
     writeln!(
         out,
         "store: {} ({} steps in all)",
