@@ -1129,6 +1129,17 @@ fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
     // The program judged again keeps the hash of the code it judged now,
     // so the next pass takes every recorded outcome.
     assert_eq!(hashes(), first);
+    // A store whose reused steps wrote empty hashes over the evaluations'
+    // (before they kept them): the last step that built the program says
+    // what code was judged.
+    let conn = rusqlite::Connection::open(&store).unwrap();
+    conn.execute(
+        "UPDATE evaluations SET fragment_hash = '' WHERE problem = ?1",
+        [problem],
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(hashes(), first);
     let run = explore("4", &["--rejudge-changed"]);
     assert!(
         run.stdout.contains("0 recorded program(s) judged again"),

@@ -547,13 +547,21 @@ impl Store {
     }
 
     /// The SHA-256 of the fragments whose evaluation of program `key` of
-    /// `problem` is recorded: empty where nothing was built (or, in a
-    /// store written before reused steps kept it, where a step that took
-    /// the recorded outcome wrote over it); `None` when there is none.
+    /// `problem` is recorded: empty where nothing was built; `None` when
+    /// there is no evaluation. In a store written before reused steps kept
+    /// the evaluation's hash, a step that took the recorded outcome wrote
+    /// an empty one over it: the hash is then that of the last step that
+    /// built the program, where one did.
     pub fn evaluation_hash(&self, problem: &str, key: &str) -> Result<Option<String>, StoreError> {
         let mut q = self
             .conn
-            .prepare_cached("SELECT fragment_hash FROM evaluations WHERE problem = ?1 AND key = ?2")
+            .prepare_cached(
+                "SELECT CASE WHEN e.fragment_hash != '' THEN e.fragment_hash ELSE COALESCE(
+                    (SELECT s.fragment_hash FROM steps s WHERE s.problem = e.problem
+                        AND s.next_state = e.key AND s.fragment_hash != ''
+                        ORDER BY s.id DESC LIMIT 1), '') END
+                 FROM evaluations e WHERE e.problem = ?1 AND e.key = ?2",
+            )
             .map_err(|e| self.sql(e))?;
         q.query_row(params![problem, key], |r| r.get(0))
             .optional()
