@@ -1098,6 +1098,16 @@ fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
             .map(|k| (k.clone(), s.evaluation_hash(problem, k).unwrap().unwrap()))
             .collect::<std::collections::BTreeMap<_, _>>()
     };
+    // Writes `hash` over the recorded hashes of the programs `keys` (SQL).
+    let overwrite = |hash: &str, keys: &str| {
+        rusqlite::Connection::open(&store)
+            .unwrap()
+            .execute(
+                &format!("UPDATE evaluations SET fragment_hash = ?1 WHERE problem = ?2 AND {keys}"),
+                [hash, problem],
+            )
+            .unwrap();
+    };
     explore("1", &[]);
     let first = hashes();
     assert_eq!(first.len(), 4, "{first:?}");
@@ -1111,13 +1121,7 @@ fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
     assert_eq!(hashes(), first);
     // A program recorded with other code than this build writes (as after
     // a coder change) is judged again, and only that one.
-    let conn = rusqlite::Connection::open(&store).unwrap();
-    conn.execute(
-        "UPDATE evaluations SET fragment_hash = 'earlier' WHERE problem = ?1 AND key = 'gemm'",
-        [problem],
-    )
-    .unwrap();
-    drop(conn);
+    overwrite("earlier", "key = 'gemm'");
     let run = explore("3", &["--rejudge-changed"]);
     assert!(
         run.stdout.contains(
@@ -1132,13 +1136,7 @@ fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
     // A store whose reused steps wrote empty hashes over the evaluations'
     // (before they kept them): the last step that built the program says
     // what code was judged.
-    let conn = rusqlite::Connection::open(&store).unwrap();
-    conn.execute(
-        "UPDATE evaluations SET fragment_hash = '' WHERE problem = ?1",
-        [problem],
-    )
-    .unwrap();
-    drop(conn);
+    overwrite("", "1");
     assert_eq!(hashes(), first);
     let run = explore("4", &["--rejudge-changed"]);
     assert!(
