@@ -112,6 +112,8 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
         ("y = x @ w", "x=64x8,w=8x4096"),
         ("y = x @ w.T", "x=1000x256,w=600x256"),
         ("y = gelu(x @ w.T + b) * 0.5", "x=333x520,w=260x520,b=260"),
+        // An odd N: two 4-byte stores a pair instead of one 8-byte one.
+        ("y = x @ w.T + 1.0", "x=200x64,w=301x64"),
         ("y = x.T @ w", "x=256x512,w=256x384"),
         ("y = x.T @ w.T", "x=256x512,w=384x256"),
         ("y = tanh(a @ b) * 2.0", "a=8x128x256,b=8x256x192"),

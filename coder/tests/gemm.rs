@@ -37,6 +37,7 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
         ("y = a @ w", "a=4x128x64,w=64x96", 2),
         ("y = relu(x @ w + b)", "x=256x512,w=512x384,b=384", 3),
         ("y = tanh(x @ w.T) * s - 0.5", "x=100x64,w=200x64,s=200", 3),
+        ("y = x @ w.T", "x=96x64,w=301x64", 2),
     ] {
         let g = graph(src, shapes);
         let f = realize(&g).unwrap_or_else(|r| panic!("{src}: refused: {r}"));
@@ -44,6 +45,10 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
         assert_eq!(f.inputs.len(), inputs, "{src}");
         assert_eq!(f.outputs, g.outputs(), "{src}: writes the chain's result");
         assert!(f.source.contains("mma.sync.aligned.m16n8k8"), "{src}");
+        // Each thread's two adjacent output columns go out in one 8-byte
+        // store where N is even (every pair then starts 8-byte aligned).
+        let n = g.tensor(g.outputs()[0]).shape.last().copied().unwrap_or(1);
+        assert_eq!(f.source.contains("*(float2*)(out + "), n % 2 == 0, "{src}");
         // Three slices in flight pass the 48 KiB a kernel gets unasked.
         assert!(f.launch.shared > 48 * 1024, "{src}");
         // A K-contiguous: the kernel has a `wgmma` path for sm_90a (two

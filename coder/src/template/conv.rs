@@ -24,7 +24,7 @@ use mtmc_actions::op::{Conv, Op};
 
 use super::Refusal;
 use super::gemm::{
-    BK, Fused, Operand, STAGES, Warps, body, copy16, float32_only, helpers, mma_store,
+    BK, Fused, Operand, Pair, STAGES, Warps, body, copy16, float32_only, helpers, mma_store,
 };
 use super::pointwise::shape;
 use crate::action::Action;
@@ -156,7 +156,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         "(row / {positions} * N + col + q) * {positions} + row % {positions}",
         positions = geometry.positions()
     );
-    src.push_str(&mma_store(&store, warps, &offset));
+    // Adjacent columns are output channels: `positions` apart.
+    src.push_str(&mma_store(&store, warps, &offset, Pair::Scalar));
     src.push_str("}\n");
     Ok(fused.fragment(name, action, src, blocks, THREADS, shared))
 }
