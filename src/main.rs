@@ -370,6 +370,18 @@ enum Command {
         /// found so far, on the problems every planner finished.
         #[arg(long, requires = "live")]
         table_only: bool,
+        /// Live: take the random and greedy planners' finished episodes
+        /// from an earlier pass's folder (a pass of another checkpoint)
+        /// where they ran on this build, on the same tree and with the
+        /// same settings: those planners never read the checkpoint, so
+        /// only the trained planner's episodes are run again.
+        #[arg(
+            long,
+            value_name = "DIR",
+            requires = "live",
+            conflicts_with = "table_only"
+        )]
+        reuse_baselines: Option<PathBuf>,
     },
     /// Merge trajectory stores (say, recorded on several machines) into
     /// one: every problem, episode, step and judged program. The stores
@@ -771,6 +783,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             policy_stops,
             pool,
             table_only,
+            reuse_baselines,
         } => {
             if !live {
                 return cmd::plan::compare(
@@ -808,6 +821,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     policy_stops,
                     pool: &pool,
                     table_only,
+                    reuse_baselines: reuse_baselines.as_deref(),
                 },
             )
         }

@@ -306,7 +306,7 @@ fn explore_train_compare_and_a_planned_optimize() {
     // nothing is timed), writes its folder as it goes, and resumes.
     let live = dir.path().join("live");
     let live_s = live.to_string_lossy().into_owned();
-    let live_in = |out: &str, budget: &str, more: &[&str]| {
+    let live_of = |ck: &str, out: &str, budget: &str, more: &[&str]| {
         let mut args = vec![
             "--kernelbench",
             &kb,
@@ -315,7 +315,7 @@ fn explore_train_compare_and_a_planned_optimize() {
             "--trajectories",
             &store_s,
             "--checkpoint",
-            &ck_s,
+            ck,
             "--split",
             "all",
             "--budget",
@@ -326,6 +326,7 @@ fn explore_train_compare_and_a_planned_optimize() {
         args.extend_from_slice(more);
         mtmc(&args)
     };
+    let live_in = |out: &str, budget: &str, more: &[&str]| live_of(&ck_s, out, budget, more);
     let live_run_with = |budget: &str, more: &[&str]| live_in(&live_s, budget, more);
     let live_run = |budget: &str| live_run_with(budget, &[]);
     let run = live_run("2").success();
@@ -582,6 +583,109 @@ fn explore_train_compare_and_a_planned_optimize() {
         "{}",
         err.error
     );
+
+    // A pass of another checkpoint on the same tree, build and settings
+    // takes the random and greedy episodes of an earlier pass (those
+    // planners never read the checkpoint) and runs the trained ones.
+    let ck2 = dir.path().join("ck2");
+    let ck2_s = ck2.to_string_lossy().into_owned();
+    train_briefly(&store_s, &ck2_s, &["--seed", "7"]).success();
+    let live_ck2_budget = |out: &str, budget: &str, more: &[&str]| {
+        let mut args = vec!["--policy-stops"];
+        args.extend_from_slice(more);
+        live_of(&ck2_s, out, budget, &args)
+    };
+    let live_ck2 = |out: &str, more: &[&str]| live_ck2_budget(out, "2", more);
+    let live3 = dir.path().join("live3");
+    let live3_s = live3.to_string_lossy().into_owned();
+    let run = live_ck2(&live3_s, &["--reuse-baselines", &live_s]).success();
+    assert!(
+        run.stdout.contains(&format!(
+            "reused 4 random and greedy episode(s) from {live_s} (this build"
+        )) && run.stdout.contains("2 episode(s) to run (4 already in"),
+        "{}",
+        run.stdout
+    );
+    let ours3 = lines(&live3.join("episodes.jsonl"));
+    assert_eq!(ours3.len(), 6, "{ours3:?}");
+    let theirs = lines(&episodes);
+    for e in &ours3 {
+        let twin = theirs
+            .iter()
+            .find(|t| t["problem"] == e["problem"] && t["planner"] == e["planner"])
+            .unwrap();
+        if e["planner"] == "trained" {
+            assert!(e["reused_from"].is_null(), "{e}");
+        } else {
+            assert_eq!(e["reused_from"], live_s.as_str(), "{e}");
+            assert_eq!((&e["best"], &e["bests"]), (&twin["best"], &twin["bests"]));
+        }
+    }
+    assert_eq!(std::fs::read_dir(live3.join("logs")).unwrap().count(), 6);
+    // Resumed, it reuses nothing more and runs nothing.
+    let run = live_ck2(&live3_s, &["--reuse-baselines", &live_s]).success();
+    assert!(
+        run.stdout.contains("reused 0 random and greedy") && run.stdout.contains("nothing to run"),
+        "{}",
+        run.stdout
+    );
+    // Episodes of another build run again; a pass with other settings, or
+    // one that kept no digest of its tree, is refused.
+    let text = std::fs::read_to_string(&episodes).unwrap();
+    let forged: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.contains("\"planner\":\"greedy\"") {
+                l.replace(&ours, "0.0.0+000000000000")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&episodes, forged.join("\n") + "\n").unwrap();
+    let live4 = dir.path().join("live4");
+    let run = live_ck2(&live4.to_string_lossy(), &["--reuse-baselines", &live_s]).success();
+    assert!(
+        run.stdout.contains("reused 2 random and greedy")
+            && run
+                .stdout
+                .contains("2 more ran on another build of mtmc and run again here")
+            && run.stdout.contains("4 episode(s) to run (2 already in"),
+        "{}",
+        run.stdout
+    );
+    std::fs::write(&episodes, text).unwrap();
+    let live5 = dir.path().join("live5");
+    let err = live_ck2_budget(
+        &live5.to_string_lossy(),
+        "3",
+        &["--reuse-baselines", &live_s],
+    )
+    .failure();
+    assert!(
+        err.error.contains("differs in its checkpoint only") && !live5.exists(),
+        "{}",
+        err.error
+    );
+    let settings1 = live.join("settings.json");
+    let kept = std::fs::read_to_string(&settings1).unwrap();
+    let mut old = read_json(&settings1);
+    old.as_object_mut().unwrap().remove("tree");
+    std::fs::write(&settings1, old.to_string()).unwrap();
+    let err = live_ck2(&live5.to_string_lossy(), &["--reuse-baselines", &live_s]).failure();
+    assert!(
+        err.error.contains("names no digest of its tree") && !live5.exists(),
+        "{}",
+        err.error
+    );
+    // (a folder written before the digest still resumes)
+    assert!(
+        live_into(&live_s, &["--policy-stops"])
+            .success()
+            .stdout
+            .contains("nothing to run")
+    );
+    std::fs::write(&settings1, kept).unwrap();
 
     // Settings are chosen on the validation problems, which
     // `train --validation` leaves out: L1/24 trains, L2/76 is held out.

@@ -65,6 +65,9 @@ pub struct LiveRequest<'a> {
     /// Print the table of the episodes already finished and run none;
     /// nothing in `out_dir` but `compare.json` is written.
     pub table_only: bool,
+    /// An earlier pass's folder whose random and greedy episodes this one
+    /// takes ([`reuse_baselines`]).
+    pub reuse_baselines: Option<&'a Path>,
 }
 
 /// What a live comparison was asked to do, kept in `settings.json`: a
@@ -96,6 +99,24 @@ struct Settings {
     /// before).
     #[serde(default)]
     inputs: Option<String>,
+    /// SHA-256 of the recorded tree alone (`inputs` without the
+    /// checkpoint), which a pass of another checkpoint compares before it
+    /// reuses this one's random and greedy episodes (none in folders
+    /// written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tree: Option<String>,
+}
+
+impl Settings {
+    /// These settings as a folder written before `tree` existed would
+    /// compare: its `tree` taken from `ours` (its `inputs` digest covers
+    /// the tree already).
+    fn with_tree_of(mut self, ours: &Settings) -> Settings {
+        if self.tree.is_none() {
+            self.tree.clone_from(&ours.tree);
+        }
+        self
+    }
 }
 
 /// SHA-256 (hex) of a comparison's inputs: the recorded tree of its
@@ -149,6 +170,10 @@ struct Finished {
     /// before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     build: Option<String>,
+    /// The folder of the pass that ran it, where `--reuse-baselines`
+    /// took it from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reused_from: Option<String>,
 }
 
 /// The running mtmc's build: its version and the first 12 hex digits of
@@ -245,12 +270,14 @@ fn poolable(
     ours: &Settings,
     digest: &dyn Fn(&[u32]) -> Result<String>,
 ) -> Result<bool> {
+    let theirs = &theirs.clone().with_tree_of(ours);
     if theirs.levels == ours.levels {
         return Ok(theirs == ours);
     }
     let bare = |s: &Settings| Settings {
         levels: Vec::new(),
         inputs: None,
+        tree: None,
         ..s.clone()
     };
     Ok(bare(theirs) == bare(ours)
@@ -280,19 +307,7 @@ fn pooled_passes(
                 dir.display()
             );
         }
-        let path = dir.join("settings.json");
-        let text = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "cannot read `{}`: --pool takes a folder that `compare --live` wrote",
-                path.display()
-            )
-        })?;
-        let theirs: Settings = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "`{}` is not a live comparison's settings: --pool takes a folder that `compare --live` wrote",
-                path.display()
-            )
-        })?;
+        let (theirs, text) = pass_settings(dir, "--pool")?;
         if !poolable(&theirs, settings, digest)? {
             bail!(
                 "`{}` ran with other settings ({}; this run's: {}): pool only passes of the same comparison (of the same levels, or of others with the same checkpoint, tree and settings)",
@@ -309,6 +324,121 @@ fn pooled_passes(
         });
     }
     Ok(passes)
+}
+
+/// The settings of the pass in `dir`, parsed and as written, for the
+/// option `flag` that named it.
+fn pass_settings(dir: &Path, flag: &str) -> Result<(Settings, String)> {
+    let path = dir.join("settings.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read `{}`: {flag} takes a folder that `compare --live` wrote",
+            path.display()
+        )
+    })?;
+    let settings = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "`{}` is not a live comparison's settings: {flag} takes a folder that `compare --live` wrote",
+            path.display()
+        )
+    })?;
+    Ok((settings, text))
+}
+
+/// The planners whose episodes do not depend on the checkpoint.
+const BASELINES: [&str; 2] = ["random", "greedy"];
+
+/// Checks that `from` holds a pass whose random and greedy episodes the
+/// pass `settings` describes may take: the same tree and settings, but
+/// the checkpoint.
+fn check_reusable(from: &Path, settings: &Settings) -> Result<()> {
+    let (theirs, text) = pass_settings(from, "--reuse-baselines")?;
+    if theirs.tree.is_none() {
+        bail!(
+            "`{}` names no digest of its tree (written before passes kept one), so its episodes cannot be shown to be of this tree: run the baselines again (drop --reuse-baselines)",
+            from.join("settings.json").display()
+        );
+    }
+    let but_checkpoint = |s: &Settings| Settings {
+        trajectories: String::new(),
+        checkpoint: None,
+        inputs: None,
+        ..s.clone()
+    };
+    if but_checkpoint(&theirs) != but_checkpoint(settings) {
+        bail!(
+            "`{}` ran on another tree or with other settings ({}; this run's: {}): --reuse-baselines takes a pass that differs in its checkpoint only",
+            from.display(),
+            text.trim(),
+            serde_json::to_string(settings)?
+        );
+    }
+    Ok(())
+}
+
+/// The random and greedy episodes of the pass in `from` (checked by
+/// [`check_reusable`]) that the pass in `out_dir`, with `done` finished,
+/// still needs on the problems `names`, each of them run on this build.
+/// Their logs are copied into `out_dir/logs`; their steps stay in
+/// `from`'s `trajectories.sqlite`.
+fn reuse_baselines(
+    out: &mut dyn std::io::Write,
+    from: &Path,
+    out_dir: &Path,
+    names: &[&str],
+    done: &[Finished],
+) -> Result<Vec<Finished>> {
+    let (episodes, _) = finished(&from.join("episodes.jsonl"))?;
+    let build = build_id()?;
+    let have: BTreeSet<(&str, &str)> = done
+        .iter()
+        .map(|f| (f.problem.as_str(), f.planner.as_str()))
+        .collect();
+    let (mut taken, mut other_build) = (Vec::new(), 0usize);
+    let logs = out_dir.join("logs");
+    for f in episodes {
+        let key = (f.problem.as_str(), f.planner.as_str());
+        if !BASELINES.contains(&key.1)
+            || !names.contains(&key.0)
+            || have.contains(&key)
+            || taken
+                .iter()
+                .any(|t: &Finished| (t.problem.as_str(), t.planner.as_str()) == key)
+        {
+            continue;
+        }
+        if f.build.as_deref() != Some(build.as_str()) {
+            other_build += 1;
+            continue;
+        }
+        let log = format!("{}.{}.txt", file_name(&f.problem), f.planner);
+        let theirs_log = from.join("logs").join(&log);
+        if theirs_log.is_file() {
+            std::fs::create_dir_all(&logs)
+                .with_context(|| format!("cannot create `{}`", logs.display()))?;
+            std::fs::copy(&theirs_log, logs.join(&log))
+                .with_context(|| format!("cannot copy `{}`", theirs_log.display()))?;
+        }
+        // An episode that pass took from a third keeps that one's folder,
+        // where its steps are.
+        let reused_from = f
+            .reused_from
+            .clone()
+            .or_else(|| Some(from.display().to_string()));
+        taken.push(Finished { reused_from, ..f });
+    }
+    writeln!(
+        out,
+        "reused {} random and greedy episode(s) from {} (this build, the same tree and settings; those planners never read the checkpoint){}",
+        taken.len(),
+        from.display(),
+        if other_build > 0 {
+            format!("; {other_build} more ran on another build of mtmc and run again here")
+        } else {
+            String::new()
+        }
+    )?;
+    Ok(taken)
 }
 
 /// Runs the live comparison and prints its table.
@@ -350,11 +480,15 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         policy_stops: req.policy_stops,
         rejudge: true,
         inputs: Some(inputs_sha256(&recorded, req.checkpoint)?),
+        tree: Some(inputs_sha256(&recorded, None)?),
     };
     // Earlier passes are checked before anything is written.
     let pooled = pooled_passes(req.out_dir, req.pool, &settings, &|levels| {
         inputs_sha256(&of(levels), req.checkpoint)
     })?;
+    if let Some(from) = req.reuse_baselines {
+        check_reusable(from, &settings)?;
+    }
     let settings_path = req.out_dir.join("settings.json");
     if req.table_only && !settings_path.exists() {
         bail!(
@@ -373,7 +507,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                 settings_path.display()
             )
         })?;
-        if before != settings {
+        if before.with_tree_of(&settings) != settings {
             bail!(
                 "`{}` holds a live comparison with other settings ({}; this run's: {}); ask for the same to resume it, or pass another --out",
                 req.out_dir.display(),
@@ -409,6 +543,21 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         choice.load(req.seed)?;
     }
 
+    if let Some(from) = req.reuse_baselines {
+        let names: Vec<&str> = recorded.iter().map(|p| p.problem.name.as_str()).collect();
+        let taken = reuse_baselines(out, from, req.out_dir, &names, &done)?;
+        let mut lines = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&episodes_path)
+            .with_context(|| format!("cannot open `{}`", episodes_path.display()))?;
+        for f in taken {
+            writeln!(lines, "{}", serde_json::to_string(&f)?)
+                .and_then(|_| lines.flush())
+                .with_context(|| format!("cannot write `{}`", episodes_path.display()))?;
+            done.push(f);
+        }
+    }
     let have: BTreeSet<(String, String)> = done
         .iter()
         .map(|f| (f.problem.clone(), f.planner.clone()))
@@ -547,6 +696,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                         rejudged: r.rejudged,
                         seconds,
                         build: build.clone(),
+                        reused_from: None,
                     };
                     writeln!(lines, "{}", serde_json::to_string(&f)?)
                         .and_then(|_| lines.flush())
