@@ -251,6 +251,34 @@ fn finished(path: &Path) -> Result<(Vec<Finished>, bool)> {
     Ok((done, !text.is_empty() && !text.ends_with('\n')))
 }
 
+/// `episodes.jsonl`, open to append finished episodes to.
+struct Episodes {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl Episodes {
+    fn open(path: &Path) -> Result<Episodes> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open `{}`", path.display()))?;
+        Ok(Episodes {
+            path: path.to_path_buf(),
+            file,
+        })
+    }
+
+    /// Appends `f`'s line and flushes it, so a kill loses no finished
+    /// episode.
+    fn append(&mut self, f: &Finished) -> Result<()> {
+        writeln!(self.file, "{}", serde_json::to_string(f)?)
+            .and_then(|_| self.file.flush())
+            .with_context(|| format!("cannot write `{}`", self.path.display()))
+    }
+}
+
 /// One pass of a comparison whose episodes the table reads.
 struct Pass {
     /// Its folder.
@@ -390,20 +418,18 @@ fn reuse_baselines(
 ) -> Result<Vec<Finished>> {
     let (episodes, _) = finished(&from.join("episodes.jsonl"))?;
     let build = build_id()?;
-    let have: BTreeSet<(&str, &str)> = done
+    // Each problem's episode of each planner once: those this pass has,
+    // and those taken.
+    let mut have: BTreeSet<(String, String)> = done
         .iter()
-        .map(|f| (f.problem.as_str(), f.planner.as_str()))
+        .map(|f| (f.problem.clone(), f.planner.clone()))
         .collect();
     let (mut taken, mut other_build) = (Vec::new(), 0usize);
     let logs = out_dir.join("logs");
     for f in episodes {
-        let key = (f.problem.as_str(), f.planner.as_str());
-        if !BASELINES.contains(&key.1)
-            || !names.contains(&key.0)
-            || have.contains(&key)
-            || taken
-                .iter()
-                .any(|t: &Finished| (t.problem.as_str(), t.planner.as_str()) == key)
+        if !BASELINES.contains(&f.planner.as_str())
+            || !names.contains(&f.problem.as_str())
+            || !have.insert((f.problem.clone(), f.planner.clone()))
         {
             continue;
         }
@@ -546,15 +572,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     if let Some(from) = req.reuse_baselines {
         let names: Vec<&str> = recorded.iter().map(|p| p.problem.name.as_str()).collect();
         let taken = reuse_baselines(out, from, req.out_dir, &names, &done)?;
-        let mut lines = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&episodes_path)
-            .with_context(|| format!("cannot open `{}`", episodes_path.display()))?;
+        let mut lines = Episodes::open(&episodes_path)?;
         for f in taken {
-            writeln!(lines, "{}", serde_json::to_string(&f)?)
-                .and_then(|_| lines.flush())
-                .with_context(|| format!("cannot write `{}`", episodes_path.display()))?;
+            lines.append(&f)?;
             done.push(f);
         }
     }
@@ -630,11 +650,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .copied()
             .zip(problems.graphs(&needed.iter().map(|&k| chosen[k]).collect::<Vec<_>>())?)
             .collect();
-        let mut lines = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&episodes_path)
-            .with_context(|| format!("cannot open `{}`", episodes_path.display()))?;
+        let mut lines = Episodes::open(&episodes_path)?;
         let plan = PlanSettings {
             budget: req.budget,
             near_roofline: 0.9,
@@ -698,9 +714,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                         build: build.clone(),
                         reused_from: None,
                     };
-                    writeln!(lines, "{}", serde_json::to_string(&f)?)
-                        .and_then(|_| lines.flush())
-                        .with_context(|| format!("cannot write `{}`", episodes_path.display()))?;
+                    lines.append(&f)?;
                     bar.suspend(|| {
                         writeln!(
                             out,
