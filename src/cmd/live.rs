@@ -406,18 +406,18 @@ fn check_reusable(from: &Path, settings: &Settings) -> Result<()> {
 
 /// The random and greedy episodes of the pass in `from` (checked by
 /// [`check_reusable`]) that the pass in `out_dir`, with `done` finished,
-/// still needs on the problems `names`, each of them run on this build.
-/// Their logs are copied into `out_dir/logs`; their steps stay in
-/// `from`'s `trajectories.sqlite`.
+/// still needs on the problems `names`, each of them run on this build
+/// (`build`, [`build_id`]). Their logs are copied into `out_dir/logs`;
+/// their steps stay in `from`'s `trajectories.sqlite`.
 fn reuse_baselines(
     out: &mut dyn std::io::Write,
     from: &Path,
     out_dir: &Path,
     names: &[&str],
     done: &[Finished],
+    build: &str,
 ) -> Result<Vec<Finished>> {
     let (episodes, _) = finished(&from.join("episodes.jsonl"))?;
-    let build = build_id()?;
     // Each problem's episode of each planner once: those this pass has,
     // and those taken.
     let mut have: BTreeSet<(String, String)> = done
@@ -433,7 +433,7 @@ fn reuse_baselines(
         {
             continue;
         }
-        if f.build.as_deref() != Some(build.as_str()) {
+        if f.build.as_deref() != Some(build) {
             other_build += 1;
             continue;
         }
@@ -569,9 +569,13 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         choice.load(req.seed)?;
     }
 
+    // This build's id ([`build_id`] reads and hashes the executable): for
+    // the episodes reused and those run here.
+    let mut this_build = None;
     if let Some(from) = req.reuse_baselines {
         let names: Vec<&str> = recorded.iter().map(|p| p.problem.name.as_str()).collect();
-        let taken = reuse_baselines(out, from, req.out_dir, &names, &done)?;
+        let build = this_build.insert(build_id()?);
+        let taken = reuse_baselines(out, from, req.out_dir, &names, &done, build)?;
         let mut lines = Episodes::open(&episodes_path)?;
         for f in taken {
             lines.append(&f)?;
@@ -634,7 +638,11 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         gpu
     };
     // The build that runs the episodes left, named in each one's line.
-    let build = (!work.is_empty()).then(build_id).transpose()?;
+    let build = match this_build {
+        _ if work.is_empty() => None,
+        Some(b) => Some(b),
+        None => Some(build_id()?),
+    };
 
     if !work.is_empty() {
         let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
