@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{mtmc, read_json, shared_jsonl};
+use common::{mtmc, read_json, shared_jsonl, walk};
 use mtmc_llm::replay::{Server, Step};
 use mtmc_llm::{Provider, Store};
 
@@ -36,19 +36,6 @@ fn no_key_in(dir: &std::path::Path, texts: &[&str]) {
             entry.display()
         );
     }
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Run, mtmc, read_json, shared_jsonl};
+use common::{Run, mtmc, read_json, shared_jsonl, walk};
 
 /// `mtmc train` of two small iterations (a tiny policy): enough to write a
 /// checkpoint and say what it trained on.
@@ -329,6 +329,31 @@ fn explore_train_compare_and_a_planned_optimize() {
     let live_in = |out: &str, budget: &str, more: &[&str]| live_of(&ck_s, out, budget, more);
     let live_run_with = |budget: &str, more: &[&str]| live_in(&live_s, budget, more);
     let live_run = |budget: &str| live_run_with(budget, &[]);
+    // Without the problems' code (the built-in traces hold graphs only)
+    // nothing runs, and nothing is written.
+    let nowhere = dir.path().join("no-code");
+    let err = mtmc(&[
+        "compare",
+        "--live",
+        "--trajectories",
+        &store_s,
+        "--checkpoint",
+        &ck_s,
+        "--split",
+        "all",
+        "--budget",
+        "2",
+        "--out",
+        &nowhere.to_string_lossy(),
+    ])
+    .failure();
+    assert!(
+        err.error.contains("has none here")
+            && err.error.contains("pass --kernelbench")
+            && !nowhere.exists(),
+        "{}",
+        err.error
+    );
     let run = live_run("2").success();
     assert!(
         run.stdout.contains("6 episode(s) to run (0 already in")
@@ -431,6 +456,44 @@ fn explore_train_compare_and_a_planned_optimize() {
         run.stdout.contains("0 episode(s) to run (6 already in")
             && run.stdout.contains("trained: its STOP ends the episode")
             && run.stdout.contains("nothing to run"),
+        "{}",
+        run.stdout
+    );
+    // The folder says its pass was compiled only. One that says it was
+    // timed on a GPU is not resumed where there is none, and its table
+    // does not call it compiled only.
+    let compiled = read_json(&settings);
+    assert_eq!(compiled["timed"], false, "{compiled}");
+    let mut timed = compiled.clone();
+    timed["timed"] = true.into();
+    std::fs::write(&settings, timed.to_string()).unwrap();
+    let err = live_run_with("2", &["--policy-stops"]).failure();
+    assert!(
+        err.error
+            .contains("timed on a GPU, and this machine has none")
+            && err.error.contains("--table-only"),
+        "{}",
+        err.error
+    );
+    let table = live_run_with("2", &["--policy-stops", "--table-only"]).success();
+    assert!(
+        table.stdout.contains("judged live") && !table.stdout.contains("compile only"),
+        "{}",
+        table.stdout
+    );
+    std::fs::write(&settings, compiled.to_string()).unwrap();
+    // A checkpoint copied elsewhere is the same input (its digest), so the
+    // pass resumes from the copy.
+    let moved = dir.path().join("ck-moved");
+    std::fs::create_dir(&moved).unwrap();
+    for entry in walk(&ck) {
+        let to = moved.join(entry.strip_prefix(&ck).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, &to).unwrap();
+    }
+    let run = live_of(&moved.to_string_lossy(), &live_s, "2", &["--policy-stops"]).success();
+    assert!(
+        run.stdout.contains("0 episode(s) to run (6 already in"),
         "{}",
         run.stdout
     );

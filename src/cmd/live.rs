@@ -93,6 +93,11 @@ struct Settings {
     /// reading that timing (false in folders written before).
     #[serde(default)]
     rejudge: bool,
+    /// Whether the episodes run on a GPU and are timed (false: compiled
+    /// only, where no GPU was found, every speedup 0), so that neither
+    /// kind of pass is resumed, pooled or reused as the other.
+    #[serde(default = "timed_before")]
+    timed: bool,
     /// SHA-256 of what the paths above held ([`inputs_sha256`]), so that
     /// a pass run with another checkpoint or tree under the same names is
     /// neither resumed nor pooled as this one (none in folders written
@@ -108,6 +113,22 @@ struct Settings {
 }
 
 impl Settings {
+    /// Whether a pass of `self` is a pass of the comparison `ours`
+    /// describes: the same settings, where the digests of the inputs, when
+    /// both name them, stand for the paths (a tree or checkpoint copied or
+    /// moved is the same input).
+    fn same_as(&self, ours: &Settings) -> bool {
+        let key = |s: &Settings| match s.inputs {
+            Some(_) => Settings {
+                trajectories: String::new(),
+                checkpoint: s.checkpoint.as_ref().map(|_| String::new()),
+                ..s.clone()
+            },
+            None => s.clone(),
+        };
+        key(&self.clone().with_tree_of(ours)) == key(ours)
+    }
+
     /// These settings as a folder written before `tree` existed would
     /// compare: its `tree` taken from `ours` (its `inputs` digest covers
     /// the tree already).
@@ -148,6 +169,12 @@ fn inputs_sha256(recorded: &[TreeProblem], checkpoint: Option<&Path>) -> Result<
 
 /// `policy_stops` of a `settings.json` that does not name it.
 fn stopped_early() -> bool {
+    true
+}
+
+/// `timed` of a `settings.json` that does not name it: passes written
+/// before the setting existed are taken as run on a GPU.
+fn timed_before() -> bool {
     true
 }
 
@@ -298,11 +325,15 @@ fn poolable(
     ours: &Settings,
     digest: &dyn Fn(&[u32]) -> Result<String>,
 ) -> Result<bool> {
-    let theirs = &theirs.clone().with_tree_of(ours);
     if theirs.levels == ours.levels {
-        return Ok(theirs == ours);
+        return Ok(theirs.same_as(ours));
     }
+    let theirs = &theirs.clone().with_tree_of(ours);
+    // The paths count for nothing here: the digest below, of the inputs
+    // at this run's paths, must be the one the pass recorded.
     let bare = |s: &Settings| Settings {
+        trajectories: String::new(),
+        checkpoint: s.checkpoint.as_ref().map(|_| String::new()),
         levels: Vec::new(),
         inputs: None,
         tree: None,
@@ -495,6 +526,27 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         .map(|p| problems.find(&p.problem.name))
         .collect::<Result<Vec<_>>>()
         .context("a recorded problem is not among the KernelBench problems: pass the --kernelbench the tree was recorded from")?;
+    if !req.table_only
+        && let Some(p) = chosen.iter().find(|p| p.code.is_empty())
+    {
+        bail!(
+            "compare --live builds each problem's ModelNew from its code, and {p} has none here (the built-in traces hold graphs only): pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+        );
+    }
+    let settings_path = req.out_dir.join("settings.json");
+    if req.table_only && !settings_path.exists() {
+        bail!(
+            "`{}` holds no live comparison (no settings.json): --table-only prints what a pass already found; drop it to start one, or pass the --out a pass wrote",
+            req.out_dir.display()
+        );
+    }
+    // Whether this run times its episodes: --table-only runs none, and
+    // reads the pass as it was run.
+    let timed = if req.table_only {
+        pass_settings(req.out_dir, "--out")?.0.timed
+    } else {
+        mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty())
+    };
 
     let settings = Settings {
         trajectories: req.store.display().to_string(),
@@ -505,6 +557,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         seed: req.seed,
         policy_stops: req.policy_stops,
         rejudge: true,
+        timed,
         inputs: Some(inputs_sha256(&recorded, req.checkpoint)?),
         tree: Some(inputs_sha256(&recorded, None)?),
     };
@@ -514,13 +567,6 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     })?;
     if let Some(from) = req.reuse_baselines {
         check_reusable(from, &settings)?;
-    }
-    let settings_path = req.out_dir.join("settings.json");
-    if req.table_only && !settings_path.exists() {
-        bail!(
-            "`{}` holds no live comparison (no settings.json): --table-only prints what a pass already found; drop it to start one, or pass the --out a pass wrote",
-            req.out_dir.display()
-        );
     }
     std::fs::create_dir_all(req.out_dir)
         .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
@@ -533,7 +579,19 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                 settings_path.display()
             )
         })?;
-        if before.with_tree_of(&settings) != settings {
+        if before.timed && !settings.timed {
+            bail!(
+                "`{}` holds a pass run and timed on a GPU, and this machine has none: resume it where there is one, or print what it found with --table-only",
+                req.out_dir.display()
+            );
+        }
+        if !before.timed && settings.timed {
+            bail!(
+                "`{}` holds a pass compiled only (run where no GPU was found; every speedup 0): pass another --out to time the episodes on this GPU",
+                req.out_dir.display()
+            );
+        }
+        if !before.same_as(&settings) {
             bail!(
                 "`{}` holds a live comparison with other settings ({}; this run's: {}); ask for the same to resume it, or pass another --out",
                 req.out_dir.display(),
@@ -609,7 +667,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .join(", "),
         req.budget,
     );
-    let gpu = if req.table_only {
+    if req.table_only {
         writeln!(
             out,
             "compare --live --table-only: {what}; {} episode(s) in {}, {} not run",
@@ -618,9 +676,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             work.len(),
         )?;
         work.clear();
-        false
     } else {
-        let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
         writeln!(
             out,
             "compare --live: {what}; {} episode(s) to run ({} already in {}); {}",
@@ -629,14 +685,13 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             episodes_path.display(),
             if work.is_empty() {
                 "nothing to run"
-            } else if gpu {
+            } else if timed {
                 "judged on the GPU"
             } else {
                 "no GPU: compile only, nothing is run or timed (every speedup is 0)"
             }
         )?;
-        gpu
-    };
+    }
     // The build that runs the episodes left, named in each one's line.
     let build = match this_build {
         _ if work.is_empty() => None,
@@ -646,7 +701,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
 
     if !work.is_empty() {
         let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
-        let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
+        let mut judge = ProblemJudge::with_baselines(timed, req.timeout, true, &["eager"], false);
         let needed: Vec<usize> = work
             .iter()
             .map(|w| w.0)
@@ -796,7 +851,6 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         );
     }
     let complete = Arc::new(complete);
-    let timed = runs.iter().flat_map(|r| r.values()).any(|f| f.best > 0.0);
     let mut builds: BTreeMap<Option<String>, usize> = BTreeMap::new();
     for f in runs.iter().flat_map(|r| r.values()) {
         *builds.entry(f.build.clone()).or_default() += 1;
@@ -872,7 +926,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         settings.split,
         levels_words(&levels),
         req.budget,
-        // Episodes judged by compile only have no timing at all.
+        // Episodes compiled only, where no GPU was found, have no timing.
         if timed { "" } else { " (compile only)" },
         stopping(req.checkpoint.is_some(), req.policy_stops),
         req.store.display(),
