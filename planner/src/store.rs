@@ -94,6 +94,22 @@ pub struct Merged {
     /// Of those, programs this store had judged with another outcome,
     /// which now hold the source's.
     pub replaced: usize,
+    /// Programs the source compiled only (no GPU timed them) that this
+    /// store had judged on a GPU: they keep this store's outcome.
+    pub kept: usize,
+}
+
+/// The conflict clause of an evaluation's insert: the new outcome replaces
+/// the recorded one, but for an outcome compiled only (where no GPU was
+/// found; `only` is the parameter that holds its status name), which never
+/// replaces one judged on a GPU.
+fn keep_timed(only: &str) -> String {
+    format!(
+        "ON CONFLICT (problem, key) DO UPDATE SET status = excluded.status,
+            speedup = excluded.speedup, diagnosis = excluded.diagnosis,
+            fragment_hash = excluded.fragment_hash
+         WHERE excluded.status != {only} OR evaluations.status = {only}"
+    )
 }
 
 /// The recorded tree that comes with mtmc, relative to the repository's
@@ -439,15 +455,19 @@ impl Store {
         let id = tx.last_insert_rowid();
         if let (Some(d), Some(text), false) = (&s.diagnosis, &diagnosis, s.reused) {
             tx.execute(
-                "INSERT OR REPLACE INTO evaluations (problem, key, status, speedup, diagnosis,
-                    fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                &format!(
+                    "INSERT INTO evaluations (problem, key, status, speedup, diagnosis,
+                        fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6) {}",
+                    keep_timed("?7")
+                ),
                 params![
                     problem.name,
                     s.next_state,
                     d.status.name(),
                     d.speedup_eager,
                     text,
-                    s.fragment_hash
+                    s.fragment_hash,
+                    Status::CompiledOnly.name()
                 ],
             )
             .map_err(err)?;
@@ -725,10 +745,18 @@ impl Store {
             let tx = self.conn.transaction()?;
             let count = |sql: &str| tx.query_row(sql, [], |r| r.get::<_, i64>(0));
             let offset = count("SELECT COALESCE(MAX(id), 0) FROM main.episodes")?;
-            let replaced = count(
+            let only = Status::CompiledOnly.name();
+            let count_with = |sql: &str| tx.query_row(sql, [only], |r| r.get::<_, i64>(0));
+            let replaced = count_with(
                 "SELECT COUNT(*) FROM source.evaluations s JOIN main.evaluations m
                  ON s.problem = m.problem AND s.key = m.key
-                 WHERE s.status IS NOT m.status OR s.speedup IS NOT m.speedup",
+                 WHERE (s.status IS NOT m.status OR s.speedup IS NOT m.speedup)
+                    AND (s.status != ?1 OR m.status = ?1)",
+            )? as usize;
+            let kept = count_with(
+                "SELECT COUNT(*) FROM source.evaluations s JOIN main.evaluations m
+                 ON s.problem = m.problem AND s.key = m.key
+                 WHERE s.status = ?1 AND m.status != ?1",
             )? as usize;
             let fresh = count(
                 "SELECT COUNT(*) FROM source.evaluations s WHERE NOT EXISTS
@@ -764,11 +792,14 @@ impl Store {
                 [offset],
             )?;
             tx.execute(
-                "INSERT OR REPLACE INTO main.evaluations (problem, key, status, speedup,
-                    diagnosis, fragment_hash)
-                 SELECT problem, key, status, speedup, diagnosis, fragment_hash
-                 FROM source.evaluations",
-                [],
+                &format!(
+                    "INSERT INTO main.evaluations (problem, key, status, speedup,
+                        diagnosis, fragment_hash)
+                     SELECT problem, key, status, speedup, diagnosis, fragment_hash
+                     FROM source.evaluations WHERE true {}",
+                    keep_timed("?1")
+                ),
+                params![only],
             )?;
             tx.commit()?;
             Ok(Merged {
@@ -778,6 +809,7 @@ impl Store {
                 steps,
                 evaluations: fresh,
                 replaced,
+                kept,
             })
         })();
         let detached = self.conn.execute("DETACH DATABASE source", []);

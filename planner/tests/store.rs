@@ -415,3 +415,64 @@ fn older_records_read_with_the_tf32_reference_and_convolution_flags() {
     }
     assert!(store.evaluation("L3/9", "nothing").unwrap().is_none());
 }
+
+/// An outcome compiled only (recorded where no GPU was found) never
+/// replaces one judged on a GPU, in a step or a merge; a GPU's outcome
+/// replaces one compiled only.
+#[test]
+fn an_outcome_compiled_only_never_replaces_a_timed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let into = dir.path().join("into.sqlite");
+    // k0, k1, k2 judged on a GPU: 1.0x, 1.1x, 1.2x.
+    let mut store = three_steps(&into);
+    let p = problem("L1/1", "pointwise");
+    let compiled = |e: i64, k: usize| {
+        let mut s = step(e, k, Move::Vectorize(2), 0.045);
+        let d = s.diagnosis.as_mut().unwrap();
+        d.status = Status::CompiledOnly;
+        d.speedup_eager = None;
+        s
+    };
+    let status = |store: &Store, k: &str| store.evaluation("L1/1", k).unwrap().unwrap();
+
+    // A compile-only run on k0 and on a program new to the store, k3.
+    let e = store.begin_episode("L1/1", "greedy", "test", 1).unwrap();
+    store.add_step(&p, "test", &compiled(e, 0)).unwrap();
+    store.add_step(&p, "test", &compiled(e, 3)).unwrap();
+    store.end_episode(e, 0.0).unwrap();
+    assert_eq!(status(&store, "k0").status, Status::Correct);
+    assert_eq!(status(&store, "k0").speedup_eager, Some(1.0));
+    assert_eq!(status(&store, "k3").status, Status::CompiledOnly);
+    // Judged on a GPU afterwards, k3 holds its timing.
+    let e = store.begin_episode("L1/1", "greedy", "test", 2).unwrap();
+    store
+        .add_step(&p, "test", &step(e, 3, Move::Split, 0.3))
+        .unwrap();
+    store.end_episode(e, 1.3).unwrap();
+    assert_eq!(status(&store, "k3").speedup_eager, Some(1.3));
+
+    // A store recorded without a GPU, merged: k1 and k2 keep their
+    // timings, k4 (new) comes in compiled only.
+    let other = dir.path().join("compiled.sqlite");
+    {
+        let mut o = Store::open(&other).unwrap();
+        o.put_problem(&p).unwrap();
+        let e = o.begin_episode("L1/1", "random", "test", 9).unwrap();
+        for k in [1, 2, 4] {
+            o.add_step(&p, "test", &compiled(e, k)).unwrap();
+        }
+        o.end_episode(e, 0.0).unwrap();
+    }
+    let m = store.merge(&other).unwrap();
+    assert_eq!((m.evaluations, m.replaced, m.kept), (1, 0, 2), "{m:?}");
+    assert_eq!(status(&store, "k1").speedup_eager, Some(1.1));
+    assert_eq!(status(&store, "k2").status, Status::Correct);
+    assert_eq!(status(&store, "k4").status, Status::CompiledOnly);
+
+    // The other way round: the GPU's outcomes replace those compiled only
+    // (k1, k2; k0 and k3 are new there, k4 the same in both).
+    let mut o = Store::open(&other).unwrap();
+    let m = o.merge(&into).unwrap();
+    assert_eq!((m.evaluations, m.replaced, m.kept), (2, 2, 0), "{m:?}");
+    assert_eq!(status(&o, "k1").speedup_eager, Some(1.1));
+}

@@ -363,6 +363,13 @@ impl<'s> Reuse<'s> {
     }
 }
 
+/// Whether a recorded outcome stands for judging the program again: on a
+/// GPU, an outcome compiled only (recorded where there was none) holds no
+/// timing, so the program is judged.
+fn reusable(recorded: &Diagnosis, gpu: bool) -> bool {
+    !(gpu && recorded.status == Status::CompiledOnly)
+}
+
 /// A step's program: judged before (its recorded diagnosis) or built now.
 enum Known {
     Recorded(Diagnosis),
@@ -800,7 +807,8 @@ impl<'a> Judging<'a> {
                     s.evaluation(&self.problem.name, &next.key())?
                 }
                 Reuse::Nothing => None,
-            };
+            }
+            .filter(|d| reusable(d, self.judge.gpu));
             let build = || {
                 let (g, regions) = self.graph(next);
                 build_config(g, regions, next)
@@ -1322,7 +1330,7 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
         let m = store.merge(source)?;
         writeln!(
             out,
-            "{}: {} episode(s), {} step(s) and {} newly judged program(s) merged; {} problem(s) new to {}{}{}",
+            "{}: {} episode(s), {} step(s) and {} newly judged program(s) merged; {} problem(s) new to {}{}{}{}",
             source.display(),
             m.episodes,
             m.steps,
@@ -1338,6 +1346,15 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
                 format!(
                     "; {} program(s) it had judged with another outcome now hold this store's",
                     m.replaced
+                )
+            } else {
+                String::new()
+            },
+            if m.kept > 0 {
+                format!(
+                    "; {} program(s) this store compiled only (no GPU) keep the outcome {} judged on a GPU",
+                    m.kept,
+                    into.display()
                 )
             } else {
                 String::new()
@@ -2400,6 +2417,16 @@ mod tests {
     use super::*;
     use mtmc_planner::features::GRAPH;
     use mtmc_planner::space::Shape;
+
+    #[test]
+    fn an_outcome_compiled_only_is_judged_again_on_a_gpu() {
+        let mut d = Diagnosis::failed_to_build("", true);
+        assert!(reusable(&d, true) && reusable(&d, false));
+        d.status = Status::CompiledOnly;
+        assert!(!reusable(&d, true) && reusable(&d, false));
+        d.status = Status::Correct;
+        assert!(reusable(&d, true));
+    }
 
     #[test]
     fn the_report_gets_the_best_speedup_found_and_judged_again() {
