@@ -112,6 +112,13 @@ fn explore_train_compare_and_a_planned_optimize() {
     };
     let run = train("3", &[]).success();
     assert!(run.stdout.contains("iterations 1..3"), "{}", run.stdout);
+    // Recorded without a GPU, no program was timed, and train says so.
+    assert!(
+        run.stdout
+            .contains("recorded programs were compiled only (recorded where no GPU was found)"),
+        "{}",
+        run.stdout
+    );
     // A committee of two: the second member trains with the next seed in
     // its own folder, and the checkpoint's meta names it.
     assert!(
@@ -971,6 +978,7 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no problem count in {}", run.stdout));
     assert!(trained >= 90, "{}", run.stdout);
+    assert!(!run.stdout.contains("compiled only"), "{}", run.stdout);
     assert!(ck.join("policy.mpk").is_file());
 
     let json = dir.path().join("compare.json");

@@ -1640,6 +1640,27 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
             ""
         }
     )?;
+    let compiled_only = train
+        .iter()
+        .flat_map(|p| p.evals.values())
+        .filter(|d| d.status == Status::CompiledOnly)
+        .count();
+    if compiled_only > 0 {
+        writeln!(
+            out,
+            "warning: {} recorded programs were compiled only (recorded where no GPU was found): nothing timed them, so {}; record them with `mtmc explore` on a GPU",
+            if compiled_only == transitions {
+                format!("all {transitions}")
+            } else {
+                format!("{compiled_only} of the {transitions}")
+            },
+            if compiled_only == transitions {
+                "this checkpoint learns nothing of speed"
+            } else {
+                "they teach the planner nothing of speed"
+            }
+        )?;
+    }
     let train = Arc::new(train);
     let t0 = Instant::now();
     let mut finals = Vec::new();
@@ -1764,12 +1785,18 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         let ranking = mtmc_planner::rtg::ranking(&rtg, &held);
         writeln!(
             out,
-            "reward-to-go: fitted on {} step(s); on {} held-out step(s): Spearman {:.3}, pairwise accuracy {:.3} over {} pair(s){}",
+            "reward-to-go: fitted on {} step(s); on {} held-out step(s): {}{}",
             fit.len(),
             ranking.samples,
-            ranking.spearman,
-            ranking.pairwise,
-            ranking.pairs,
+            if ranking.pairs > 0 {
+                format!(
+                    "Spearman {:.3}, pairwise accuracy {:.3} over {} pair(s)",
+                    ranking.spearman, ranking.pairwise, ranking.pairs
+                )
+            } else {
+                "no pair to rank (record steps of the held-out problems to measure the ranking)"
+                    .to_string()
+            },
             if left_out > 0 {
                 format!(
                     "; {left_out} step(s) with observations of another length (another mtmc's) left out"
