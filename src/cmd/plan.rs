@@ -1352,7 +1352,7 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
             },
             if m.kept > 0 {
                 format!(
-                    "; {} program(s) this store compiled only (no GPU) keep the outcome {} judged on a GPU",
+                    "; {} program(s) it compiled only (no GPU) keep the outcome {} had from a GPU",
                     m.kept,
                     into.display()
                 )
