@@ -743,24 +743,30 @@ impl Store {
             .map_err(err)?;
         let merged = (|| -> rusqlite::Result<Merged> {
             let tx = self.conn.transaction()?;
-            let count = |sql: &str| tx.query_row(sql, [], |r| r.get::<_, i64>(0));
-            let offset = count("SELECT COALESCE(MAX(id), 0) FROM main.episodes")?;
             let only = Status::CompiledOnly.name();
-            let count_with = |sql: &str| tx.query_row(sql, [only], |r| r.get::<_, i64>(0));
-            let replaced = count_with(
+            let count = |sql: &str, args: &[&str]| {
+                tx.query_row(sql, rusqlite::params_from_iter(args), |r| {
+                    r.get::<_, i64>(0)
+                })
+            };
+            let offset = count("SELECT COALESCE(MAX(id), 0) FROM main.episodes", &[])?;
+            let replaced = count(
                 "SELECT COUNT(*) FROM source.evaluations s JOIN main.evaluations m
                  ON s.problem = m.problem AND s.key = m.key
                  WHERE (s.status IS NOT m.status OR s.speedup IS NOT m.speedup)
                     AND (s.status != ?1 OR m.status = ?1)",
+                &[only],
             )? as usize;
-            let kept = count_with(
+            let kept = count(
                 "SELECT COUNT(*) FROM source.evaluations s JOIN main.evaluations m
                  ON s.problem = m.problem AND s.key = m.key
                  WHERE s.status = ?1 AND m.status != ?1",
+                &[only],
             )? as usize;
             let fresh = count(
                 "SELECT COUNT(*) FROM source.evaluations s WHERE NOT EXISTS
                  (SELECT 1 FROM main.evaluations m WHERE s.problem = m.problem AND s.key = m.key)",
+                &[],
             )? as usize;
             let problems = tx.execute(
                 "INSERT OR IGNORE INTO main.problems (name, pattern, problem)
@@ -778,7 +784,7 @@ impl Store {
                  ORDER BY id",
                 [offset],
             )?;
-            let skipped = count("SELECT COUNT(*) FROM source.episodes")? as usize - episodes;
+            let skipped = count("SELECT COUNT(*) FROM source.episodes", &[])? as usize - episodes;
             let steps = tx.execute(
                 "INSERT INTO main.steps (episode, step, problem, pattern, state, observation,
                     action, action_name, next_state, fragment_hash, code, status, speedup,

@@ -119,14 +119,21 @@ impl Settings {
     /// moved is the same input).
     fn same_as(&self, ours: &Settings) -> bool {
         let key = |s: &Settings| match s.inputs {
-            Some(_) => Settings {
-                trajectories: String::new(),
-                checkpoint: s.checkpoint.as_ref().map(|_| String::new()),
-                ..s.clone()
-            },
+            Some(_) => s.without_paths(),
             None => s.clone(),
         };
         key(&self.clone().with_tree_of(ours)) == key(ours)
+    }
+
+    /// These settings with the paths of the tree and checkpoint blanked
+    /// (whether there is a checkpoint still counts): for comparing where a
+    /// digest stands for what the paths held.
+    fn without_paths(&self) -> Settings {
+        Settings {
+            trajectories: String::new(),
+            checkpoint: self.checkpoint.as_ref().map(|_| String::new()),
+            ..self.clone()
+        }
     }
 
     /// These settings as a folder written before `tree` existed would
@@ -332,12 +339,10 @@ fn poolable(
     // The paths count for nothing here: the digest below, of the inputs
     // at this run's paths, must be the one the pass recorded.
     let bare = |s: &Settings| Settings {
-        trajectories: String::new(),
-        checkpoint: s.checkpoint.as_ref().map(|_| String::new()),
         levels: Vec::new(),
         inputs: None,
         tree: None,
-        ..s.clone()
+        ..s.without_paths()
     };
     Ok(bare(theirs) == bare(ours)
         && theirs.inputs.is_some()

@@ -1646,19 +1646,20 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         .filter(|d| d.status == Status::CompiledOnly)
         .count();
     if compiled_only > 0 {
+        let (which, so) = if compiled_only == transitions {
+            (
+                format!("all {transitions}"),
+                "this checkpoint learns nothing of speed",
+            )
+        } else {
+            (
+                format!("{compiled_only} of the {transitions}"),
+                "they teach the planner nothing of speed",
+            )
+        };
         writeln!(
             out,
-            "warning: {} recorded programs were compiled only (recorded where no GPU was found): nothing timed them, so {}; record them with `mtmc explore` on a GPU",
-            if compiled_only == transitions {
-                format!("all {transitions}")
-            } else {
-                format!("{compiled_only} of the {transitions}")
-            },
-            if compiled_only == transitions {
-                "this checkpoint learns nothing of speed"
-            } else {
-                "they teach the planner nothing of speed"
-            }
+            "warning: {which} recorded programs were compiled only (recorded where no GPU was found): nothing timed them, so {so}; record them with `mtmc explore` on a GPU"
         )?;
     }
     let train = Arc::new(train);
