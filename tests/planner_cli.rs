@@ -199,6 +199,13 @@ fn explore_train_compare_and_a_planned_optimize() {
         );
     }
     assert!(run.stdout.contains("evals to 90%"), "{}", run.stdout);
+    // Nothing here was timed, and the table says so.
+    assert!(
+        run.stdout.contains("were compiled only")
+            && run.stdout.contains("this table measures no speed"),
+        "{}",
+        run.stdout
+    );
     // A committee copied without its members is refused, naming the one
     // missing and what to do.
     let lone = dir.path().join("lone");
@@ -221,7 +228,8 @@ fn explore_train_compare_and_a_planned_optimize() {
         run.stdout
     );
     // On the exhaustive episodes' programs alone: L2/76's tree is the six
-    // programs its exhaustive episode evaluated, and nothing is warned of.
+    // programs its exhaustive episode evaluated, and no other planner's
+    // episodes are warned of (only that nothing was timed).
     let json_x = dir.path().join("compare-exhaustive.json");
     let json_x_s = json_x.to_string_lossy().into_owned();
     let run = compare(&[
@@ -233,7 +241,16 @@ fn explore_train_compare_and_a_planned_optimize() {
         &json_x_s,
     ])
     .success();
-    assert!(!run.stdout.contains("warning"), "{}", run.stdout);
+    let warnings: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("warning"))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("were compiled only"),
+        "{}",
+        run.stdout
+    );
     assert!(
         run.stdout
             .contains("(the programs episodes of exhaustive reached)"),
@@ -992,6 +1009,7 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
         &json.to_string_lossy(),
     ])
     .success();
+    assert!(!run.stdout.contains("compiled only"), "{}", run.stdout);
     let table = read_json(&json);
     let rows = table["planners"]
         .as_array()

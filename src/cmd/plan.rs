@@ -370,6 +370,28 @@ fn reusable(recorded: &Diagnosis, gpu: bool) -> bool {
     !(gpu && recorded.status == Status::CompiledOnly)
 }
 
+/// A warning when programs recorded for `problems` were compiled only
+/// (recorded where no GPU was found, so nothing timed them): how many, and
+/// `all` or `some` for what follows when it is every one or not.
+fn compiled_only_warning(problems: &[TreeProblem], all: &str, some: &str) -> Option<String> {
+    let total: usize = problems.iter().map(|p| p.evals.len()).sum();
+    let only = problems
+        .iter()
+        .flat_map(|p| p.evals.values())
+        .filter(|d| d.status == Status::CompiledOnly)
+        .count();
+    (only > 0).then(|| {
+        let (which, so) = if only == total {
+            (format!("all {total}"), all)
+        } else {
+            (format!("{only} of the {total}"), some)
+        };
+        format!(
+            "warning: {which} recorded programs were compiled only (recorded where no GPU was found): nothing timed them, so {so}; record them with `mtmc explore` on a GPU"
+        )
+    })
+}
+
 /// A step's program: judged before (its recorded diagnosis) or built now.
 enum Known {
     Recorded(Diagnosis),
@@ -1640,27 +1662,12 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
             ""
         }
     )?;
-    let compiled_only = train
-        .iter()
-        .flat_map(|p| p.evals.values())
-        .filter(|d| d.status == Status::CompiledOnly)
-        .count();
-    if compiled_only > 0 {
-        let (which, so) = if compiled_only == transitions {
-            (
-                format!("all {transitions}"),
-                "this checkpoint learns nothing of speed",
-            )
-        } else {
-            (
-                format!("{compiled_only} of the {transitions}"),
-                "they teach the planner nothing of speed",
-            )
-        };
-        writeln!(
-            out,
-            "warning: {which} recorded programs were compiled only (recorded where no GPU was found): nothing timed them, so {so}; record them with `mtmc explore` on a GPU"
-        )?;
+    if let Some(line) = compiled_only_warning(
+        &train,
+        "this checkpoint learns nothing of speed",
+        "they teach the planner nothing of speed",
+    ) {
+        writeln!(out, "{line}")?;
     }
     let train = Arc::new(train);
     let t0 = Instant::now();
@@ -1975,6 +1982,13 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
                 list.join(", ")
             )?;
         }
+    }
+    if let Some(line) = compiled_only_warning(
+        &problems,
+        "this table measures no speed",
+        "replay counts none of them as faster than eager",
+    ) {
+        writeln!(out, "{line}")?;
     }
     let problems = Arc::new(problems);
     let exhaustive: Vec<f64> = problems.iter().map(TreeProblem::best).collect();
