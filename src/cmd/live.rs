@@ -545,10 +545,17 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             req.out_dir.display()
         );
     }
+    // The settings of the pass in the folder, when there is one: read once,
+    // for --table-only's `timed` and the check that this run resumes it.
+    let earlier = if settings_path.exists() {
+        Some(pass_settings(req.out_dir, "--out")?)
+    } else {
+        None
+    };
     // Whether this run times its episodes: --table-only runs none, and
     // reads the pass as it was run.
-    let timed = if req.table_only {
-        pass_settings(req.out_dir, "--out")?.0.timed
+    let timed = if let (true, Some((before, _))) = (req.table_only, &earlier) {
+        before.timed
     } else {
         mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty())
     };
@@ -575,15 +582,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     }
     std::fs::create_dir_all(req.out_dir)
         .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
-    if settings_path.exists() {
-        let text = std::fs::read_to_string(&settings_path)
-            .with_context(|| format!("cannot read `{}`", settings_path.display()))?;
-        let before: Settings = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "`{}` is not a live comparison's settings: pass another --out",
-                settings_path.display()
-            )
-        })?;
+    if let Some((before, text)) = &earlier {
         if before.timed && !settings.timed {
             bail!(
                 "`{}` holds a pass run and timed on a GPU, and this machine has none: resume it where there is one, or print what it found with --table-only",
