@@ -235,7 +235,7 @@ enum Command {
         /// the programs one move of this kind makes from a recorded correct
         /// program and that are not recorded yet, the fastest parents
         /// first (repeatable: call_library, custom_kernel, fuse, split,
-        /// retile, vectorize, rewrite).
+        /// retile, vectorize, rewrite, cuda_graph).
         #[arg(long, value_name = "KIND")]
         beyond: Vec<String>,
         /// Build every recorded program an episode reaches, and judge it

@@ -629,6 +629,72 @@ def _channels_last(x):
 
 "#;
 
+/// The CUDA-graph launcher of a `ModelNew` whose program has
+/// `cuda_graph` set: `forward` replays a graph of `_forward` captured for
+/// the arguments' storage, shapes, strides and devices, the parameters'
+/// and buffers' storage and versions, and torch's precision switches;
+/// when any of them changes, the graph is captured again. The graph reads
+/// the inputs where they lie, so new values in the same tensors are
+/// computed on; the outputs are copied out of the graph's memory, which
+/// the next replay overwrites. Before a capture, one eager run on a side
+/// stream does the lazy work a capture cannot hold (module loads,
+/// library workspaces); buffers it wrote (running statistics) are put
+/// back, so a call changes them once.
+const CUDA_GRAPH_PY: &str = r#"def _arg_key(v):
+    if isinstance(v, torch.Tensor):
+        return (v.data_ptr(), tuple(v.shape), v.stride(), v.dtype, v.device)
+    return repr(v)
+
+
+def _graph_key(model, args, kwargs):
+    return (
+        tuple(_arg_key(v) for v in args),
+        tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items())),
+        tuple((p.data_ptr(), p._version) for p in model.parameters()),
+        tuple((b.data_ptr(), b._version) for b in model.buffers()),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.enabled,
+        torch.backends.cudnn.deterministic,
+        torch.get_float32_matmul_precision(),
+    )
+
+
+def _copy_out(v):
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (tuple, list)):
+        return type(v)(_copy_out(x) for x in v)
+    return v
+
+
+def _replay(model, args, kwargs):
+    on_gpu = [v.is_cuda for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor)]
+    if not on_gpu or not all(on_gpu):
+        return model._forward(*args, **kwargs)
+    with torch.no_grad():
+        if model._graph_key != _graph_key(model, args, kwargs):
+            model._graph = model._graph_out = model._graph_key = None
+            kept = [b.clone() for b in model.buffers()]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model._forward(*args, **kwargs)
+            torch.cuda.current_stream().wait_stream(side)
+            for b, k in zip(model.buffers(), kept):
+                b.copy_(k)
+            del kept
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = model._forward(*args, **kwargs)
+            model._graph, model._graph_out = graph, out
+            model._graph_key = _graph_key(model, args, kwargs)
+        model._graph.replay()
+        return _copy_out(model._graph_out)
+
+
+"#;
+
 /// The views that read a dense channels-last tensor of rank `rank` in
 /// NC… order and back (`.permute(…)` each), or nothing.
 fn channels_last_views(channels_last: bool, rank: usize) -> (String, String) {
@@ -1036,6 +1102,9 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
     if !lifted.is_empty() {
         py.push_str("def _lifted_constants(model, names):\n    holder = nn.Module()\n    traced = torch.fx.symbolic_trace(model)\n    for k, name in enumerate(names):\n        holder.register_buffer(f\"c{k}\", getattr(traced, name).detach().clone())\n    return holder\n\n\n");
     }
+    if p.cuda_graph {
+        py.push_str(CUDA_GRAPH_PY);
+    }
     // The forward takes the Model's arguments by position and reads the
     // tensors the graph uses by name (a Python scalar argument is a
     // constant of the traced graph).
@@ -1050,7 +1119,13 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             names.join(", ")
         );
     }
-    py.push_str("\n    def forward(self, *args, **kwargs):\n");
+    if p.cuda_graph {
+        py.push_str("        self._graph = self._graph_out = self._graph_key = None\n");
+        py.push_str("\n    def forward(self, *args, **kwargs):\n        return _replay(self, args, kwargs)\n");
+        py.push_str("\n    def _forward(self, *args, **kwargs):\n");
+    } else {
+        py.push_str("\n    def forward(self, *args, **kwargs):\n");
+    }
     py.push_str("        bound = dict(zip(_FORWARD, args))\n        bound.update(kwargs)\n");
     for (v, name) in &forward_args {
         let _ = writeln!(py, "        {v} = bound[{name:?}].contiguous()");

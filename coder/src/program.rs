@@ -105,6 +105,11 @@ pub fn storage(g: &OpGraph, mut t: TensorRef) -> TensorRef {
 pub struct Program {
     /// The fragments.
     pub fragments: Vec<Fragment>,
+    /// The exported forward is captured into a CUDA graph and replayed
+    /// (`export::to_model_new`): one launch for the whole forward, where
+    /// its Python and launch overheads would otherwise set its time.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cuda_graph: bool,
 }
 
 impl Program {
@@ -143,7 +148,10 @@ impl Program {
                 .unwrap_or(0);
             fragments.push(pending.remove(ready));
         }
-        Program { fragments }
+        Program {
+            fragments,
+            cuda_graph: self.cuda_graph,
+        }
     }
 
     /// The graph nodes (not sources, not views) no fragment computes yet.

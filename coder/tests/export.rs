@@ -304,6 +304,60 @@ fn follows_parameter_changes(python: &str, exported: &str, inputs: &str, what: &
     );
 }
 
+/// A program replayed from a CUDA graph exports a `forward` that replays
+/// a graph of the program's own forward (`_forward`). With torch on the
+/// CPU, where nothing is captured, it computes what the Model computes;
+/// the graph's key stays while new values are written into the same
+/// input tensors and moves with another input tensor, a parameter changed
+/// in place, or torch's TF32 switch, each of which captures again.
+#[test]
+fn cuda_graph_exports_replay_and_recapture_when_their_key_moves() {
+    let python = std::env::var("MTMC_TEST_PYTHON").ok();
+    for (level, name, inputs) in [
+        (
+            2,
+            "31_Conv2d_Min_Add_Multiply",
+            "[torch.rand(2, 64, 12, 12)]",
+        ),
+        (3, "50_ReLUSelfAttention", "p['get_inputs']()"),
+    ] {
+        let what = format!("L{level}/{name}");
+        let g = common::traced(level, name);
+        let program = Program {
+            cuda_graph: true,
+            ..Program::default()
+        };
+        let exported = to_model_new(&g, &program, &problem_code(level, name)).unwrap();
+        for line in [
+            "    def forward(self, *args, **kwargs):\n        return _replay(self, args, kwargs)\n",
+            "    def _forward(self, *args, **kwargs):\n",
+            "            with torch.cuda.graph(graph):\n",
+            "        model._graph.replay()\n",
+        ] {
+            assert!(
+                exported.contains(line),
+                "{what}: no {line:?} in\n{exported}"
+            );
+        }
+        let plain = to_model_new(&g, &Program::default(), &problem_code(level, name)).unwrap();
+        assert!(
+            !plain.contains("_replay"),
+            "{what}: replays without the flag"
+        );
+        let Some(python) = python.as_ref() else {
+            continue;
+        };
+        runs_like_the_model(python, &exported, inputs, &what);
+        run_against_the_model(
+            python,
+            &exported,
+            inputs,
+            "key = lambda: ns['_graph_key'](new, args, {})\nfirst = key()\nassert key() == first\nfor a in args:\n    a.copy_(torch.rand_like(a))\nassert key() == first, 'new values in the same tensors'\nargs = [a.clone() for a in args]\nmoved = key()\nassert moved != first, 'other input tensors'\nwith torch.no_grad():\n    next(new.parameters()).mul_(0.5)\nassert key() != moved, 'a parameter changed in place'\nscaled = key()\ntorch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32\nassert key() != scaled, 'the TF32 switch'\n",
+            &what,
+        );
+    }
+}
+
 /// The graph of a problem's `code`, traced with torch by `python`.
 fn trace(python: &str, code: &str) -> mtmc_actions::graph::OpGraph {
     let problem = serde_json::json!({"level": 9, "problem_id": 1, "name": "traced", "code": code});

@@ -36,11 +36,31 @@ const _: () = assert!(matches!(CLASSES[CONV], OpClass::Conv));
 /// Length of [`Problem::features`].
 pub const GRAPH: usize = CLASSES.len() + 9;
 /// Length of the configuration's features.
-pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1 + 2 * (GRAPHS - 1);
+pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1 + 2 * (GRAPHS - 1) + 1;
 /// Length of the best-so-far features (besides its diagnosis).
 pub const BEST: usize = 3;
 /// Length of an observation.
 pub const OBS: usize = GRAPH + CONFIG + 2 * critique::FEATURES + BEST + 1 + ACTIONS;
+
+/// Length of an observation recorded before the CUDA-graph moves: one
+/// configuration flag and two moves' priors fewer.
+const OBS_BEFORE_CUDA_GRAPH: usize = OBS - 3;
+
+/// A recorded observation in this build's layout: as it is when it has
+/// [`OBS`] numbers; one recorded before the CUDA-graph moves gains their
+/// flag (off: no such program existed) and their priors (0: no step of
+/// theirs had been recorded); `None` for any other length.
+pub fn upgrade(mut obs: Vec<f32>) -> Option<Vec<f32>> {
+    match obs.len() {
+        OBS => Some(obs),
+        OBS_BEFORE_CUDA_GRAPH => {
+            obs.insert(GRAPH + CONFIG - 1, 0.0);
+            obs.extend([0.0, 0.0]);
+            Some(obs)
+        }
+        _ => None,
+    }
+}
 
 /// What the planner knows of a problem before any step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -183,6 +203,7 @@ pub fn observe(problem: &Problem, episode: &Episode, prior: &[f32; ACTIONS]) -> 
     for k in 1..GRAPHS {
         f.push(f32::from(c.graph as usize == k));
     }
+    f.push(f32::from(c.cuda_graph));
     // The last outcome and the best one.
     let none = vec![0.0; critique::FEATURES];
     f.extend(
@@ -207,4 +228,46 @@ pub fn observe(problem: &Problem, episode: &Episode, prior: &[f32; ACTIONS]) -> 
     f.extend_from_slice(prior);
     debug_assert_eq!(f.len(), OBS);
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::{Config, Move};
+
+    #[test]
+    fn observations_recorded_before_the_cuda_graph_moves_are_upgraded() {
+        let shape = Shape::plain(1, false);
+        let problem = Problem {
+            name: "p".into(),
+            pattern: "pointwise".into(),
+            features: vec![0.5; GRAPH],
+            shape,
+            memory_bound: true,
+        };
+        let mut e = Episode::new(shape, 8);
+        e.config = Config::library(shape)
+            .apply(Move::CustomKernel(crate::space::Slot::All), shape)
+            .unwrap();
+        // Ones on both sides of the flag: the last graph's bit before it,
+        // the last outcome's features after it.
+        e.config.graph = (GRAPHS - 1) as u8;
+        e.last = Some(crate::critique::diag(
+            mtmc_env::outcome::Status::Correct,
+            Some(2.0),
+        ));
+        let mut prior = [0.0f32; ACTIONS];
+        for (i, p) in prior.iter_mut().enumerate().take(ACTIONS - 2) {
+            *p = i as f32;
+        }
+        let now = observe(&problem, &e, &prior);
+        // The same observation as an mtmc before the moves recorded it:
+        // no flag, two priors fewer.
+        let mut old = now.clone();
+        old.remove(GRAPH + CONFIG - 1);
+        old.truncate(OBS - 3);
+        assert_eq!(upgrade(old), Some(now.clone()));
+        assert_eq!(upgrade(now.clone()), Some(now));
+        assert_eq!(upgrade(vec![0.0; OBS - 1]), None);
+    }
 }

@@ -67,7 +67,8 @@ impl Planner {
 
 /// The greedy rules: kernels for everything first (or GEMM kernels when
 /// there is nothing else); when that is wrong, one region at a time; once
-/// correct, the rewritten graph (when a rewritten graph's program was not
+/// correct, a CUDA graph when the best program is launch- or
+/// latency-bound, the rewritten graph (when a rewritten graph's program was not
 /// correct, the next rewritten graph, with fewer rewrites), then vectorize
 /// a memory-bound program,
 /// then retile up and down, then GEMM kernels, then split; the library program when nothing else is left
@@ -90,6 +91,15 @@ pub fn greedy(problem: &Problem, episode: &Episode, mask: &[bool; ACTIONS]) -> M
             !correct && matches!(episode.moves.last(), Some(Move::Graph(k)) if *k > 0);
         if rewritten_failed {
             order.extend((2..GRAPHS as u8).map(Move::Graph));
+        }
+        // Far from both roofs or bound by launches: one launch for the
+        // whole forward.
+        let overheads = episode
+            .best
+            .as_ref()
+            .is_some_and(|b| matches!(b.diagnosis.limit, Limit::Launch | Limit::Latency));
+        if overheads {
+            order.push(Move::CudaGraph(true));
         }
         order.push(Move::Graph(1));
         let memory = episode
@@ -129,6 +139,17 @@ mod tests {
     use crate::critique::{Diagnosis, diag};
     use crate::space::Shape;
 
+    /// A compute-bound problem of `shape`.
+    fn problem(shape: Shape) -> Problem {
+        Problem {
+            name: "p".into(),
+            pattern: "conv+pointwise".into(),
+            features: vec![0.0; crate::features::GRAPH],
+            shape,
+            memory_bound: false,
+        }
+    }
+
     #[test]
     fn greedy_tries_fewer_rewrites_after_a_rewritten_graph_fails() {
         let shape = Shape {
@@ -137,13 +158,7 @@ mod tests {
             rewritten: [Some(1), Some(1), None, Some(1)],
             convolutions: false,
         };
-        let problem = Problem {
-            name: "p".into(),
-            pattern: "conv+pointwise".into(),
-            features: vec![0.0; crate::features::GRAPH],
-            shape,
-            memory_bound: false,
-        };
+        let problem = problem(shape);
         let mut e = Episode::new(shape, 8);
         let step = |e: &mut Episode, expect: Move, d: Diagnosis| {
             let m = greedy(&problem, e, &e.mask());
@@ -163,5 +178,22 @@ mod tests {
         assert_eq!(e.config.key(), "k1 b256 v1 rw-cl-fold");
         // Correct: on to the launch parameters.
         assert_eq!(greedy(&problem, &e, &e.mask()), Move::Retile(512));
+    }
+
+    #[test]
+    fn greedy_replays_a_launch_bound_program_from_a_cuda_graph() {
+        let shape = Shape::plain(2, false);
+        let problem = problem(shape);
+        for (limit, first) in [
+            (Limit::Launch, Move::CudaGraph(true)),
+            (Limit::Latency, Move::CudaGraph(true)),
+            (Limit::Compute, Move::Retile(512)),
+        ] {
+            let mut e = Episode::new(shape, 8);
+            let mut d = diag(Status::Correct, Some(1.1));
+            d.limit = limit;
+            e.take(Move::CustomKernel(Slot::All), d);
+            assert_eq!(greedy(&problem, &e, &e.mask()), first, "{limit:?}");
+        }
     }
 }

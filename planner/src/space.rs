@@ -38,8 +38,14 @@ pub const GRAPHS: usize = 1 + REWRITTEN.len();
 /// Index of the stop move (the graph moves follow it, so that the
 /// indices of the moves before them stay those the store recorded).
 const STOP: usize = 2 * (1 + SLOTS) + 4 + BLOCKS.len() + VECTORS.len();
+/// Index of the first CUDA-graph move (after the graph moves, so that the
+/// recorded indices stay).
+const CUDA_GRAPH: usize = STOP + 1 + GRAPHS;
 /// Size of the flat action space.
-pub const ACTIONS: usize = STOP + 1 + GRAPHS;
+pub const ACTIONS: usize = CUDA_GRAPH + 2;
+/// The end of the key of a program whose forward is replayed from a CUDA
+/// graph.
+pub const CUDA_GRAPH_KEY: &str = " cuda-graph";
 
 /// The regions a move covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -79,6 +85,10 @@ pub enum Move {
     /// GEMMs, ops that change nothing dropped); judged like any other
     /// step.
     Graph(u8),
+    /// The forward captured into a CUDA graph and replayed (`true`), or
+    /// launched op by op (`false`): one launch for the whole forward,
+    /// where Python and launch overheads set its time.
+    CudaGraph(bool),
 }
 
 impl Move {
@@ -111,6 +121,7 @@ impl Move {
             Move::Graph(1) => STOP + 1,
             Move::Graph(0) => STOP + 2,
             Move::Graph(k) => STOP + 1 + k as usize,
+            Move::CudaGraph(on) => CUDA_GRAPH + usize::from(!on),
         }
     }
 
@@ -135,7 +146,8 @@ impl Move {
             i if i < STOP => Move::Vectorize(VECTORS[i - base - 4 - BLOCKS.len()]),
             i if i == STOP + 1 => Move::Graph(1),
             i if i == STOP + 2 => Move::Graph(0),
-            i if i > STOP + 2 && i < ACTIONS => Move::Graph((i - STOP - 1) as u8),
+            i if i > STOP + 2 && i < CUDA_GRAPH => Move::Graph((i - STOP - 1) as u8),
+            i if i == CUDA_GRAPH || i == CUDA_GRAPH + 1 => Move::CudaGraph(i == CUDA_GRAPH),
             _ => Move::Stop,
         }
     }
@@ -150,6 +162,7 @@ impl Move {
             Move::Retile(_) => "retile",
             Move::Vectorize(_) => "vectorize",
             Move::Graph(_) => "rewrite",
+            Move::CudaGraph(_) => "cuda_graph",
             Move::Stop => "stop",
         }
     }
@@ -183,6 +196,8 @@ impl Move {
             Move::Graph(0) => "rewrite(off)".into(),
             Move::Graph(1) => "rewrite(on)".into(),
             Move::Graph(k) => format!("rewrite(but {})", REWRITTEN[k as usize - 1].1.join(", ")),
+            Move::CudaGraph(true) => "cuda_graph(on)".into(),
+            Move::CudaGraph(false) => "cuda_graph(off)".into(),
             other => other.kind().into(),
         }
     }
@@ -280,6 +295,10 @@ pub struct Config {
     /// The graph it is built from: 0 as traced, `k` the rewritten graph
     /// `REWRITTEN[k - 1]`.
     pub graph: u8,
+    /// The forward replayed from a CUDA graph (configurations recorded
+    /// before the move read `false`).
+    #[serde(default)]
+    pub cuda_graph: bool,
 }
 
 impl Config {
@@ -292,6 +311,7 @@ impl Config {
             block: 256,
             vector: 1,
             graph: 0,
+            cuda_graph: false,
         }
     }
 
@@ -304,13 +324,17 @@ impl Config {
     /// change nothing (launch parameters without region kernels, fusion
     /// with fewer than two region kernels) are left out, so equal
     /// programs have equal keys; the suffix of [`REWRITTEN`] ends the key
-    /// of a program built from a rewritten graph (` rw`: every rewrite).
+    /// of a program built from a rewritten graph (` rw`: every rewrite),
+    /// then [`CUDA_GRAPH_KEY`] that of one replayed from a CUDA graph.
     pub fn key(&self) -> String {
-        let base = self.key_of_graph();
-        match (self.graph as usize).checked_sub(1) {
-            Some(k) => base + REWRITTEN[k].0,
-            None => base,
+        let mut key = self.key_of_graph();
+        if let Some(k) = (self.graph as usize).checked_sub(1) {
+            key.push_str(REWRITTEN[k].0);
         }
+        if self.cuda_graph {
+            key.push_str(CUDA_GRAPH_KEY);
+        }
+        key
     }
 
     /// The key of the program with the default launch parameters (256
@@ -410,6 +434,10 @@ impl Config {
                 }
                 None => false,
             },
+            Move::CudaGraph(on) => {
+                c.cuda_graph = on;
+                true
+            }
             Move::Stop => false,
         };
         ok.then_some(c)
@@ -460,7 +488,44 @@ mod tests {
         assert_eq!(Move::Vectorize(4).index(), 27);
         assert_eq!(Move::Graph(1).index(), 29);
         assert_eq!(Move::Graph(0).index(), 30);
-        assert_eq!(Move::Graph(4).index(), ACTIONS - 1);
+        assert_eq!(Move::Graph(4).index(), 33);
+        assert_eq!(Move::CudaGraph(true).index(), 34);
+        assert_eq!(Move::CudaGraph(false).index(), ACTIONS - 1);
+    }
+
+    #[test]
+    fn a_cuda_graph_is_its_own_program_after_step_zero() {
+        let shape = Shape {
+            rewritten: [Some(1), None, None, None],
+            ..Shape::plain(1, false)
+        };
+        let lib = Config::library(shape);
+        // Not at step 0: it changes how a chosen program is launched.
+        let mask = legal(&lib, shape, 0, &BTreeSet::new());
+        assert!(!mask[Move::CudaGraph(true).index()]);
+        let seen: BTreeSet<String> = ["library".to_string()].into();
+        let mask = legal(&lib, shape, 1, &seen);
+        assert!(mask[Move::CudaGraph(true).index()]);
+        assert!(!mask[Move::CudaGraph(false).index()], "changes nothing");
+        // The library program replayed is a program of its own, and the
+        // flag survives the moves after it.
+        let g = lib.apply(Move::CudaGraph(true), shape).unwrap();
+        assert_eq!(g.key(), "library cuda-graph");
+        let k = g.apply(Move::CustomKernel(Slot::All), shape).unwrap();
+        let k = k.apply(Move::Graph(1), shape).unwrap();
+        assert_eq!(k.key(), "k1 b256 v1 rw cuda-graph");
+        assert_eq!(k.structure(), "k1 b256 v1 rw cuda-graph");
+        let off = k.apply(Move::CudaGraph(false), shape).unwrap();
+        assert_eq!(off.key(), "k1 b256 v1 rw");
+        assert_eq!(Move::CudaGraph(true).label(), "cuda_graph(on)");
+        assert!(!Move::CudaGraph(true).operator_level());
+        // Configurations recorded before the move have no flag.
+        let old: Config = serde_json::from_str(
+            r#"{"kernels":[true],"fuse":true,"gemm":false,"block":256,"vector":1,"graph":0}"#,
+        )
+        .unwrap();
+        assert!(!old.cuda_graph);
+        assert_eq!(old.key(), "k1 b256 v1");
     }
 
     #[test]

@@ -662,7 +662,8 @@ impl Store {
         Ok(rows.into_iter().map(|(p, n)| (p, n as usize)).collect())
     }
 
-    /// Every recorded step, in episode and step order.
+    /// Every recorded step, in episode and step order, observations in
+    /// this build's layout where they can be ([`crate::features::upgrade`]).
     pub fn steps(&self) -> Result<Vec<Recorded>, StoreError> {
         let mut q = self
             .conn
@@ -690,11 +691,16 @@ impl Store {
         rows.into_iter()
             .map(
                 |(problem, episode, step, obs, action, reward, best, speedup)| {
+                    let observation: Vec<f32> =
+                        serde_json::from_str(&obs).map_err(|e| self.json(e))?;
                     Ok(Recorded {
                         problem,
                         episode,
                         step: step as usize,
-                        observation: serde_json::from_str(&obs).map_err(|e| self.json(e))?,
+                        // In this build's layout where it can be; else as
+                        // recorded (readers leave it out).
+                        observation: crate::features::upgrade(observation.clone())
+                            .unwrap_or(observation),
                         action: action as usize,
                         reward,
                         best_speedup: best,

@@ -17,6 +17,7 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use mtmc_actions::device::{builtin_devices, find_device};
 use mtmc_actions::graph::OpGraph;
+use mtmc_actions::op::{Fill, Op};
 use mtmc_coder::action::Params;
 use mtmc_coder::program::Program;
 use mtmc_coder::session::Stage;
@@ -423,16 +424,46 @@ fn build_config(
         block: c.block,
         vector: c.vector,
     };
-    build(g, &chosen, params, c.fuse, gemm, TemplateCoder, false).map(|(p, _)| p)
+    if c.cuda_graph
+        && let Some(n) = g.nodes().find(|(_, n)| random_draws(&n.op)).map(|(_, n)| n)
+    {
+        return Err(mtmc_coder::session::Failure {
+            action: mtmc_coder::action::Action::kernel_for(Vec::new(), params),
+            stage: Stage::Refused,
+            fragment: None,
+            log: format!(
+                "no CUDA graph: `{}` draws random numbers, and the warm-up run before a capture would draw before the forward does (its numbers would differ from torch's for the same seed)",
+                n.name
+            ),
+        });
+    }
+    build(g, &chosen, params, c.fuse, gemm, TemplateCoder, false).map(|(mut p, _)| {
+        p.cuda_graph = c.cuda_graph;
+        p
+    })
+}
+
+/// Whether `op` draws random numbers when it runs.
+fn random_draws(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Constant {
+            fill: Fill::Random | Fill::RandomNormal | Fill::RandomUniform
+        } | Op::Dropout { active: true, .. }
+    )
 }
 
 /// The SHA-256 of a program's fragments and their concatenated code.
 fn fragments(program: &Program) -> (String, String) {
-    let code: String = program
+    let mut code: String = program
         .fragments
         .iter()
         .map(|f| format!("// {}\n{}\n", f.name, f.source))
         .collect();
+    // The same kernels replayed from a CUDA graph are another program.
+    if program.cuda_graph {
+        code.insert_str(0, "// replayed from a CUDA graph\n");
+    }
     let hash = if code.is_empty() {
         String::new()
     } else {
@@ -989,7 +1020,7 @@ pub fn enumerate_problem(
 }
 
 /// The names of the action kinds `explore --beyond` takes.
-pub const KINDS: [&str; 7] = [
+pub const KINDS: [&str; 8] = [
     "call_library",
     "custom_kernel",
     "fuse",
@@ -997,6 +1028,7 @@ pub const KINDS: [&str; 7] = [
     "retile",
     "vectorize",
     "rewrite",
+    "cuda_graph",
 ];
 
 /// The planner name `explore --beyond` records its episodes under.
@@ -2489,6 +2521,50 @@ mod tests {
         assert!(
             format!("{err:#}").contains("is not the report JSON"),
             "{err:#}"
+        );
+    }
+
+    #[test]
+    fn a_cuda_graph_is_refused_where_the_forward_draws_random_numbers() {
+        use mtmc_actions::dtype::{DType, TensorType};
+        use mtmc_actions::graph::TensorRef;
+        let t = || TensorType::new(vec![4, 8], DType::F32);
+        let graph = |active: bool| {
+            let mut g = OpGraph::new();
+            let x = g
+                .add("x", Op::Input { name: "x".into() }, &[], vec![t()])
+                .unwrap();
+            let d = g
+                .add(
+                    "drop",
+                    Op::Dropout { p: 0.2, active },
+                    &[TensorRef::first(x)],
+                    vec![t()],
+                )
+                .unwrap();
+            g.set_outputs(vec![TensorRef::first(d)]);
+            g
+        };
+        let shape = Shape::plain(0, false);
+        let replayed = Config::library(shape)
+            .apply(Move::CudaGraph(true), shape)
+            .unwrap();
+        let f = build_config(&graph(true), &[], &replayed).unwrap_err();
+        assert_eq!(f.stage, Stage::Refused);
+        assert!(f.log.contains("`drop` draws random numbers"), "{}", f.log);
+        // Dropout that changes nothing draws nothing; without the graph
+        // the forward draws as torch does.
+        assert!(
+            build_config(&graph(false), &[], &replayed)
+                .unwrap()
+                .cuda_graph
+        );
+        let plain = build_config(&graph(true), &[], &Config::library(shape)).unwrap();
+        assert!(!plain.cuda_graph);
+        // The same kernels replayed are another program: another hash.
+        assert_ne!(
+            fragments(&build_config(&graph(false), &[], &replayed).unwrap()).0,
+            fragments(&plain).0
         );
     }
 
