@@ -5,8 +5,9 @@
 //! A configuration says how a problem's program is built: which regions of
 //! the op graph are custom kernels (the rest stay library calls), whether
 //! pointwise chains are fused in front of the row kernels that read them,
-//! whether matrix products are tiled GEMM kernels with their epilogue, and
-//! the launch parameters. The coder turns a configuration into fragments;
+//! whether matrix products are tiled GEMM kernels with their epilogue, the
+//! launch parameters, the graph it is built from, and whether the forward
+//! is replayed from a CUDA graph. The coder turns a configuration into fragments;
 //! the planner only edits it. Two configurations with the same [`Config::key`]
 //! build the same program, so the key names a node of the trajectory tree.
 
