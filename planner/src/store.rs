@@ -691,16 +691,13 @@ impl Store {
         rows.into_iter()
             .map(
                 |(problem, episode, step, obs, action, reward, best, speedup)| {
-                    let observation: Vec<f32> =
-                        serde_json::from_str(&obs).map_err(|e| self.json(e))?;
                     Ok(Recorded {
                         problem,
                         episode,
                         step: step as usize,
-                        // In this build's layout where it can be; else as
-                        // recorded (readers leave it out).
-                        observation: crate::features::upgrade(observation.clone())
-                            .unwrap_or(observation),
+                        observation: crate::features::upgrade(
+                            serde_json::from_str(&obs).map_err(|e| self.json(e))?,
+                        ),
                         action: action as usize,
                         reward,
                         best_speedup: best,
