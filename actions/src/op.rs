@@ -788,6 +788,18 @@ impl Op {
             Op::Layout(Layout::Reshape | Layout::Copy) | Op::Dropout { active: false, .. }
         )
     }
+
+    /// Whether running the op draws random numbers (random fills, active
+    /// dropout): a forward with one computes other values from the same
+    /// seed wherever something else draws before it.
+    pub fn draws_random(&self) -> bool {
+        matches!(
+            self,
+            Op::Constant {
+                fill: Fill::Random | Fill::RandomNormal | Fill::RandomUniform
+            } | Op::Dropout { active: true, .. }
+        )
+    }
 }
 
 fn dims(v: &[u64]) -> String {

@@ -17,7 +17,6 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use mtmc_actions::device::{builtin_devices, find_device};
 use mtmc_actions::graph::OpGraph;
-use mtmc_actions::op::{Fill, Op};
 use mtmc_coder::action::Params;
 use mtmc_coder::program::Program;
 use mtmc_coder::session::Stage;
@@ -425,7 +424,7 @@ fn build_config(
         vector: c.vector,
     };
     if c.cuda_graph
-        && let Some(n) = g.nodes().find(|(_, n)| random_draws(&n.op)).map(|(_, n)| n)
+        && let Some(n) = g.nodes().find(|(_, n)| n.op.draws_random()).map(|(_, n)| n)
     {
         return Err(mtmc_coder::session::Failure {
             action: mtmc_coder::action::Action::kernel_for(Vec::new(), params),
@@ -441,16 +440,6 @@ fn build_config(
         p.cuda_graph = c.cuda_graph;
         p
     })
-}
-
-/// Whether `op` draws random numbers when it runs.
-fn random_draws(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Constant {
-            fill: Fill::Random | Fill::RandomNormal | Fill::RandomUniform
-        } | Op::Dropout { active: true, .. }
-    )
 }
 
 /// The SHA-256 of a program's fragments and their concatenated code.
@@ -2528,6 +2517,7 @@ mod tests {
     fn a_cuda_graph_is_refused_where_the_forward_draws_random_numbers() {
         use mtmc_actions::dtype::{DType, TensorType};
         use mtmc_actions::graph::TensorRef;
+        use mtmc_actions::op::Op;
         let t = || TensorType::new(vec![4, 8], DType::F32);
         let graph = |active: bool| {
             let mut g = OpGraph::new();
