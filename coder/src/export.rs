@@ -646,12 +646,35 @@ const CUDA_GRAPH_PY: &str = r#"def _arg_key(v):
     return repr(v)
 
 
+# Counts every parameter, buffer and submodule registered on any module
+# (assigned, registered or loaded with assign=True), so that the graph's
+# key can read a list of the model's tensors made once instead of walking
+# its modules on every call. One count per process, kept on torch's module
+# module: its hooks are registered by the first program loaded, not again
+# by each (a hook holds its program's namespace).
+_REGISTRATIONS = getattr(torch.nn.modules.module, "_mtmc_registrations", None)
+if _REGISTRATIONS is None:
+    _REGISTRATIONS = torch.nn.modules.module._mtmc_registrations = [0]
+
+    def _registered(*_, count=_REGISTRATIONS):
+        count[0] += 1
+
+    torch.nn.modules.module.register_module_parameter_registration_hook(_registered)
+    torch.nn.modules.module.register_module_buffer_registration_hook(_registered)
+    torch.nn.modules.module.register_module_module_registration_hook(_registered)
+
+
 def _graph_key(model, args, kwargs):
+    if model._graph_tensors is None or model._graph_tensors[0] != _REGISTRATIONS[0]:
+        model._graph_tensors = (
+            _REGISTRATIONS[0],
+            list(model.parameters()) + list(model.buffers()),
+        )
     return (
         tuple(_arg_key(v) for v in args),
         tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items())),
-        tuple((p.data_ptr(), p._version) for p in model.parameters()),
-        tuple((b.data_ptr(), b._version) for b in model.buffers()),
+        model._graph_tensors[0],
+        tuple((t.data_ptr(), t._version) for t in model._graph_tensors[1]),
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,
         torch.backends.cudnn.enabled,
@@ -1120,7 +1143,9 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
         );
     }
     if p.cuda_graph {
-        py.push_str("        self._graph = self._graph_out = self._graph_key = None\n");
+        py.push_str(
+            "        self._graph = self._graph_out = self._graph_key = self._graph_tensors = None\n",
+        );
         py.push_str("\n    def forward(self, *args, **kwargs):\n        return _replay(self, args, kwargs)\n");
         py.push_str("\n    def _forward(self, *args, **kwargs):\n");
     } else {

@@ -309,7 +309,10 @@ fn follows_parameter_changes(python: &str, exported: &str, inputs: &str, what: &
 /// CPU, where nothing is captured, it computes what the Model computes;
 /// the graph's key stays while new values are written into the same
 /// input tensors and moves with another input tensor, a parameter changed
-/// in place, or torch's TF32 switch, each of which captures again.
+/// in place, torch's TF32 switch, or a parameter replaced (even by one on
+/// the same storage), each of which captures again. The model's tensors
+/// are listed once, and again only after a registration; a second program
+/// loaded registers no more hooks.
 #[test]
 fn cuda_graph_exports_replay_and_recapture_when_their_key_moves() {
     let python = std::env::var("MTMC_TEST_PYTHON").ok();
@@ -352,7 +355,7 @@ fn cuda_graph_exports_replay_and_recapture_when_their_key_moves() {
             python,
             &exported,
             inputs,
-            "key = lambda: ns['_graph_key'](new, args, {})\nfirst = key()\nassert key() == first\nfor a in args:\n    a.copy_(torch.rand_like(a))\nassert key() == first, 'new values in the same tensors'\nargs = [a.clone() for a in args]\nmoved = key()\nassert moved != first, 'other input tensors'\nwith torch.no_grad():\n    next(new.parameters()).mul_(0.5)\nassert key() != moved, 'a parameter changed in place'\nscaled = key()\ntorch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32\nassert key() != scaled, 'the TF32 switch'\n",
+            "key = lambda: ns['_graph_key'](new, args, {})\nfirst = key()\nassert key() == first\nfor a in args:\n    a.copy_(torch.rand_like(a))\nassert key() == first, 'new values in the same tensors'\nargs = [a.clone() for a in args]\nmoved = key()\nassert moved != first, 'other input tensors'\nwith torch.no_grad():\n    next(new.parameters()).mul_(0.5)\nassert key() != moved, 'a parameter changed in place'\nscaled = key()\ntorch.backends.cudnn.allow_tf32 = not torch.backends.cudnn.allow_tf32\nassert key() != scaled, 'the TF32 switch'\nswitched = key()\nlisted = new._graph_tensors\nassert key() == switched and new._graph_tensors is listed, 'the tensors listed again with nothing registered'\nname, q = next(new.named_parameters())\nowner, _, attr = name.rpartition('.')\nsetattr(new.get_submodule(owner), attr, torch.nn.Parameter(q.detach()))\nassert key() != switched, 'a parameter replaced by one on the same storage'\nassert new._graph_tensors is not listed, 'the tensors not listed again after a registration'\nhooks = len(torch.nn.modules.module._global_parameter_registration_hooks)\nrunpy.run_path(ns['__file__'])\nassert len(torch.nn.modules.module._global_parameter_registration_hooks) == hooks, 'hooks registered again by a second program'\n",
             &what,
         );
     }

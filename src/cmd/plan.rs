@@ -449,9 +449,15 @@ fn fragments(program: &Program) -> (String, String) {
         .iter()
         .map(|f| format!("// {}\n{}\n", f.name, f.source))
         .collect();
-    // The same kernels replayed from a CUDA graph are another program.
+    // The same kernels replayed from a CUDA graph are another program. The
+    // line names the replay's version: programs judged with an earlier one
+    // (whose key walked the model's modules on every call) read as other
+    // code, so `explore --rejudge-changed` judges them again.
     if program.cuda_graph {
-        code.insert_str(0, "// replayed from a CUDA graph\n");
+        code.insert_str(
+            0,
+            "// replayed from a CUDA graph (its model's tensors listed once)\n",
+        );
     }
     let hash = if code.is_empty() {
         String::new()
