@@ -111,6 +111,14 @@ pub struct Episode {
     /// they are not tried again in this episode.
     #[serde(default)]
     pub wrong: BTreeSet<String>,
+    /// [`Config::structure`] of the CUDA-graph programs rolled back for
+    /// being slower: a graph of the same kernels under other launch
+    /// parameters replaces the same launches, so it is not tried again in
+    /// this episode (in the shipped tree, of 145 ordered pairs of such
+    /// graphs where the first lost to the program it replays, the second
+    /// was kept in 7, and gained at most 4 % on its own program).
+    #[serde(default)]
+    pub graphs_lost: BTreeSet<String>,
     /// Some judged program found the reference TF32-rounded
     /// ([`Diagnosis::reference_tf32`]): where the graph has convolutions,
     /// GEMM kernels (exact float32 convolutions) cannot be correct then.
@@ -138,6 +146,7 @@ impl Episode {
             max_steps,
             seen: BTreeSet::new(),
             wrong: BTreeSet::new(),
+            graphs_lost: BTreeSet::new(),
             tf32_reference: false,
             last: None,
             best: None,
@@ -149,10 +158,11 @@ impl Episode {
 
     /// The legal moves now: stop only once out of steps; no move to a
     /// program whose kernels were judged incorrect under other launch
-    /// parameters; once the reference is known to be TF32-rounded, no
-    /// move that makes a graph's convolutions GEMM kernels (in the
-    /// recorded tree none of the 137 such programs, on 34 problems, was
-    /// correct).
+    /// parameters, or to a CUDA graph of kernels whose graph was slower
+    /// under other launch parameters ([`Episode::graphs_lost`]); once the
+    /// reference is known to be TF32-rounded, no move that makes a graph's
+    /// convolutions GEMM kernels (in the recorded tree none of the 137
+    /// such programs, on 34 problems, was correct).
     pub fn mask(&self) -> [bool; ACTIONS] {
         if self.done {
             return [false; ACTIONS];
@@ -164,11 +174,13 @@ impl Episode {
         }
         let mut mask = legal(&self.config, self.shape, self.step, &self.seen);
         let exact_convs = self.tf32_reference && self.shape.convolutions;
-        if !self.wrong.is_empty() || exact_convs {
+        if !self.wrong.is_empty() || !self.graphs_lost.is_empty() || exact_convs {
             for m in Move::all() {
                 if mask[m.index()]
                     && self.target(m).is_some_and(|c| {
-                        self.wrong.contains(&c.structure())
+                        let structure = c.structure();
+                        self.wrong.contains(&structure)
+                            || (c.cuda_graph && self.graphs_lost.contains(&structure))
                             || (exact_convs && c.gemm && !self.config.gemm)
                     })
                 {
@@ -218,6 +230,8 @@ impl Episode {
                     // a move that pays only with another (a rewrite, then
                     // a retile) is not undone before the other is tried.
                     self.config = next;
+                } else if next.cuda_graph {
+                    self.graphs_lost.insert(next.structure());
                 }
             }
             // Nothing timed (no GPU): a program with kernels is the one to
@@ -438,6 +452,41 @@ mod tests {
         judge(&mut e, Move::Vectorize(2), 2.5);
         assert_eq!(e.best.as_ref().unwrap().key, e.config.key());
         assert_eq!(e.since_best, 0);
+    }
+
+    #[test]
+    fn a_cuda_graph_that_lost_is_not_tried_on_the_same_kernels_again() {
+        let shape = Shape::plain(1, false);
+        let graph = Move::CudaGraph(true);
+        let mut e = Episode::new(shape, 8);
+        e.take(
+            Move::CustomKernel(Slot::All),
+            diag(Status::Correct, Some(2.0)),
+        );
+        // A tie is refined and says nothing against the graph.
+        let mut tie = e.clone();
+        tie.take(graph, diag(Status::Correct, Some(1.95)));
+        assert!(tie.config.cuda_graph && tie.graphs_lost.is_empty());
+        e.take(Move::Retile(512), diag(Status::Correct, Some(2.0)));
+        assert!(e.mask()[graph.index()]);
+        e.take(graph, diag(Status::Correct, Some(1.5)));
+        assert!(!e.config.cuda_graph, "rolled back");
+        assert_eq!(
+            e.graphs_lost.iter().collect::<Vec<_>>(),
+            ["k1 b256 v1 cuda-graph"]
+        );
+        // The same kernels under other launch parameters: no graph.
+        e.take(Move::Retile(128), diag(Status::Correct, Some(1.98)));
+        assert_eq!(e.config.key(), "k1 b128 v1");
+        assert!(!e.mask()[graph.index()]);
+        assert!(e.mask()[Move::Vectorize(4).index()]);
+        // Other kernels (the library's) may still gain from one.
+        e.take(
+            Move::CallLibrary(Slot::All),
+            diag(Status::Correct, Some(1.97)),
+        );
+        assert_eq!(e.config.key(), "library");
+        assert!(e.mask()[graph.index()]);
     }
 
     #[test]
