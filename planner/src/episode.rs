@@ -106,19 +106,16 @@ pub struct Episode {
     pub max_steps: usize,
     /// Keys of the programs evaluated.
     pub seen: BTreeSet<String>,
-    /// [`Config::structure`] of the programs judged incorrect: the same
-    /// kernels with other launch parameters compute the same values, so
-    /// they are not tried again in this episode.
+    /// [`Config::structure`] of the programs no move leads to again in
+    /// this episode, under any launch parameters: those judged incorrect
+    /// (the same kernels with other launch parameters compute the same
+    /// values), and the CUDA-graph programs rolled back for being slower
+    /// (a graph of the same kernels under other launch parameters replaces
+    /// the same launches: in the shipped tree, of 145 ordered pairs of
+    /// such graphs where the first lost to the program it replays, the
+    /// second was kept in 7, and gained at most 4 % on its own program).
     #[serde(default)]
-    pub wrong: BTreeSet<String>,
-    /// [`Config::structure`] of the CUDA-graph programs rolled back for
-    /// being slower: a graph of the same kernels under other launch
-    /// parameters replaces the same launches, so it is not tried again in
-    /// this episode (in the shipped tree, of 145 ordered pairs of such
-    /// graphs where the first lost to the program it replays, the second
-    /// was kept in 7, and gained at most 4 % on its own program).
-    #[serde(default)]
-    pub graphs_lost: BTreeSet<String>,
+    pub ruled_out: BTreeSet<String>,
     /// Some judged program found the reference TF32-rounded
     /// ([`Diagnosis::reference_tf32`]): where the graph has convolutions,
     /// GEMM kernels (exact float32 convolutions) cannot be correct then.
@@ -145,8 +142,7 @@ impl Episode {
             step: 0,
             max_steps,
             seen: BTreeSet::new(),
-            wrong: BTreeSet::new(),
-            graphs_lost: BTreeSet::new(),
+            ruled_out: BTreeSet::new(),
             tf32_reference: false,
             last: None,
             best: None,
@@ -159,7 +155,7 @@ impl Episode {
     /// The legal moves now: stop only once out of steps; no move to a
     /// program whose kernels were judged incorrect under other launch
     /// parameters, or to a CUDA graph of kernels whose graph was slower
-    /// under other launch parameters ([`Episode::graphs_lost`]); once the
+    /// under other launch parameters ([`Episode::ruled_out`]); once the
     /// reference is known to be TF32-rounded, no move that makes a graph's
     /// convolutions GEMM kernels (in the recorded tree none of the 137
     /// such programs, on 34 problems, was correct).
@@ -174,13 +170,11 @@ impl Episode {
         }
         let mut mask = legal(&self.config, self.shape, self.step, &self.seen);
         let exact_convs = self.tf32_reference && self.shape.convolutions;
-        if !self.wrong.is_empty() || !self.graphs_lost.is_empty() || exact_convs {
+        if !self.ruled_out.is_empty() || exact_convs {
             for m in Move::all() {
                 if mask[m.index()]
                     && self.target(m).is_some_and(|c| {
-                        let structure = c.structure();
-                        self.wrong.contains(&structure)
-                            || (c.cuda_graph && self.graphs_lost.contains(&structure))
+                        self.ruled_out.contains(&c.structure())
                             || (exact_convs && c.gemm && !self.config.gemm)
                     })
                 {
@@ -231,14 +225,14 @@ impl Episode {
                     // a retile) is not undone before the other is tried.
                     self.config = next;
                 } else if next.cuda_graph {
-                    self.graphs_lost.insert(next.structure());
+                    self.ruled_out.insert(next.structure());
                 }
             }
             // Nothing timed (no GPU): a program with kernels is the one to
             // refine.
             Status::CompiledOnly if next.any_kernel() => self.config = next,
             Status::Incorrect => {
-                self.wrong.insert(next.structure());
+                self.ruled_out.insert(next.structure());
             }
             _ => {}
         }
@@ -370,7 +364,7 @@ mod tests {
             diag(Status::Correct, Some(1.2)),
         );
         step(&mut e, Move::Graph(1), diag(Status::Incorrect, None));
-        assert_eq!(e.wrong.iter().collect::<Vec<_>>(), ["k1 b256 v1 rw"]);
+        assert_eq!(e.ruled_out.iter().collect::<Vec<_>>(), ["k1 b256 v1 rw"]);
         // A launch parameter that does not compile is no verdict on the
         // kernels' values.
         step(
@@ -378,7 +372,7 @@ mod tests {
             Move::Vectorize(4),
             Diagnosis::failed_to_build("k.cu(1): error: x", false),
         );
-        assert_eq!(e.wrong.len(), 1);
+        assert_eq!(e.ruled_out.len(), 1);
         step(&mut e, Move::Retile(512), diag(Status::Correct, Some(1.3)));
         assert_eq!(e.config.key(), "k1 b512 v1");
         let mask = e.mask();
@@ -466,13 +460,13 @@ mod tests {
         // A tie is refined and says nothing against the graph.
         let mut tie = e.clone();
         tie.take(graph, diag(Status::Correct, Some(1.95)));
-        assert!(tie.config.cuda_graph && tie.graphs_lost.is_empty());
+        assert!(tie.config.cuda_graph && tie.ruled_out.is_empty());
         e.take(Move::Retile(512), diag(Status::Correct, Some(2.0)));
         assert!(e.mask()[graph.index()]);
         e.take(graph, diag(Status::Correct, Some(1.5)));
         assert!(!e.config.cuda_graph, "rolled back");
         assert_eq!(
-            e.graphs_lost.iter().collect::<Vec<_>>(),
+            e.ruled_out.iter().collect::<Vec<_>>(),
             ["k1 b256 v1 cuda-graph"]
         );
         // The same kernels under other launch parameters: no graph.
