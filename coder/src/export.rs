@@ -988,7 +988,16 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             )
         })?;
         let v = format!("t{}", id.index());
-        if read_channels_last || output_view {
+        // A result only returned keeps torch's strides: no kernel reads it,
+        // and the reference returns the same call's result (attention's
+        // comes head-major from the memory-efficient kernel: making it
+        // dense was a copy of the whole output). Views and copies stay
+        // dense, so nothing returned aliases what the caller passed in.
+        let returned_only = !matches!(node.op, Op::Layout(_))
+            && !node.op.is_view()
+            && g.consumers(id).is_empty()
+            && g.outputs().iter().any(|t| t.node == id);
+        if read_channels_last || output_view || returned_only {
             let _ = writeln!(body, "        {v} = {call}");
         } else {
             let _ = writeln!(body, "        {v} = {call}.contiguous()");

@@ -598,3 +598,91 @@ fn recurrent_stacks_and_tensor_indexing_export_like_the_model() {
         "recurrent stacks and gathers",
     );
 }
+
+/// A torch call's result that is only returned keeps torch's strides:
+/// L1/97's attention (the memory-efficient kernel writes it head-major,
+/// and making it dense was a copy of the whole output), the last op of
+/// L2/31; a result another op reads, the convolution's, is still made
+/// dense. With torch on the CPU both compute what the Model computes, with
+/// the strides the Model's result has.
+#[test]
+fn a_result_only_returned_keeps_torch_strides() {
+    let python = std::env::var("MTMC_TEST_PYTHON").ok();
+    for (level, name, inputs, last, read) in [
+        (
+            1,
+            "97_ScaledDotProductAttention",
+            "[torch.rand(2, 3, 16, 8), torch.rand(2, 3, 16, 8), torch.rand(2, 3, 16, 8)]",
+            "F.scaled_dot_product_attention(",
+            None,
+        ),
+        (
+            2,
+            "31_Conv2d_Min_Add_Multiply",
+            "[torch.rand(2, 64, 12, 12)]",
+            " * ",
+            Some("F.conv2d("),
+        ),
+    ] {
+        let code = problem_code(level, name);
+        let g = common::traced(level, name);
+        let exported = to_model_new(&g, &Program::default(), &code).unwrap();
+        let line = |call: &str| {
+            exported
+                .lines()
+                .rfind(|l| l.contains(call))
+                .unwrap_or_else(|| panic!("L{level}/{name}: no `{call}`:\n{exported}"))
+        };
+        assert!(
+            !line(last).ends_with(".contiguous()"),
+            "L{level}/{name}: the returned result is copied dense:\n{exported}"
+        );
+        if let Some(read) = read {
+            assert!(
+                line(read).ends_with(".contiguous()"),
+                "L{level}/{name}: a result another op reads is not dense:\n{exported}"
+            );
+        }
+        if let Some(python) = &python {
+            run_against_the_model(
+                python,
+                &exported,
+                inputs,
+                "want = new.reference_parameters(*args)\ngot = new(*args)\nassert got.stride() == want.stride(), (got.stride(), want.stride())\nassert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()\n",
+                &format!("L{level}/{name}"),
+            );
+        }
+    }
+}
+
+/// With torch on the CPU: attention written out op by op (a causal mask
+/// from a buffer filled with -inf and the scale after the product, as in
+/// L3/44; torch's multi-head attention, scaled on q, as in L3/31) exports,
+/// after the rewrites, as one `scaled_dot_product_attention` call with the
+/// mask's complement, and computes what the Model computes.
+#[test]
+fn attention_written_op_by_op_exports_as_one_call() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    let causal = "import math, torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.c_attn = nn.Linear(32, 96)\n        self.drop = nn.Dropout(0.0)\n        self.register_buffer('bias', torch.tril(torch.ones(24, 24)).view(1, 1, 24, 24))\n\n    def forward(self, x):\n        B, T, C = x.size()\n        q, k, v = self.c_attn(x).split(32, dim=2)\n        q = q.view(B, T, 4, 8).transpose(1, 2)\n        k = k.view(B, T, 4, 8).transpose(1, 2)\n        v = v.view(B, T, 4, 8).transpose(1, 2)\n        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))\n        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))\n        att = self.drop(F.softmax(att, dim=-1))\n        return (att @ v).transpose(1, 2).contiguous().view(B, T, C)\n\ndef get_inputs():\n    return [torch.rand(2, 16, 32)]\n\ndef get_init_inputs():\n    return []\n";
+    let heads = "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.attn = nn.MultiheadAttention(32, 4)\n\n    def forward(self, x):\n        return self.attn(x, x, x)[0]\n\ndef get_inputs():\n    return [torch.rand(20, 2, 32)]\n\ndef get_init_inputs():\n    return []\n";
+    for (what, code, mask) in [("causal", causal, true), ("multi-head", heads, false)] {
+        let g = trace(&python, code);
+        let (r, applied) = mtmc_actions::rewrite::rewrite_all(&g).unwrap();
+        assert!(
+            applied.contains(&"attention_in_one_call"),
+            "{what}: {applied:?}"
+        );
+        let exported = to_model_new(&r, &Program::default(), code).unwrap();
+        let calls: Vec<&str> = exported
+            .lines()
+            .filter(|l| l.contains("F.scaled_dot_product_attention("))
+            .collect();
+        assert_eq!(calls.len(), 1, "{what}:\n{exported}");
+        assert_eq!(calls[0].contains("attn_mask="), mask, "{what}:\n{exported}");
+        let forward = &exported[exported.find("class ModelNew").unwrap()..];
+        assert!(!forward.contains("softmax("), "{what}:\n{exported}");
+        runs_like_the_model(&python, &exported, "p['get_inputs']()", what);
+    }
+}
