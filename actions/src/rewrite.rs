@@ -950,6 +950,7 @@ fn attention_at(g: &OpGraph, s: NodeId) -> Option<AttentionMatch> {
     loop {
         only_read_by_one(at)?;
         let op = &g.node(at).op;
+        let scaled = scale_of(op).filter(|_| scale.is_none());
         match op {
             Op::Where { fill: Some(f) } if *f == f64::NEG_INFINITY && mask.is_none() => {
                 let ins = g.inputs(at);
@@ -958,7 +959,7 @@ fn attention_at(g: &OpGraph, s: NodeId) -> Option<AttentionMatch> {
                 }
                 mask = Some(ins[1]);
             }
-            _ if scale.is_none() && scale_of(op).is_some() => scale = scale_of(op),
+            _ if scaled.is_some() => scale = scaled,
             Op::MatMul(MatMul {
                 trans_a: false,
                 trans_b: true,
