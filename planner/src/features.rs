@@ -5,6 +5,7 @@
 use mtmc_actions::device::{Bound, DeviceSpec, MathMode, roofline};
 use mtmc_actions::graph::OpGraph;
 use mtmc_actions::op::OpClass;
+use mtmc_actions::rewrite::{REWRITES, rewrite_all};
 use serde::{Deserialize, Serialize};
 
 use crate::critique::{self, Diagnosis};
@@ -33,8 +34,12 @@ const CLASSES: [OpClass; 14] = [
 const CONV: usize = 1;
 const _: () = assert!(matches!(CLASSES[CONV], OpClass::Conv));
 
-/// Length of [`Problem::features`].
-pub const GRAPH: usize = CLASSES.len() + 9;
+/// Graph features before the rewrites' flags.
+const GRAPH_BEFORE_REWRITES: usize = CLASSES.len() + 9;
+/// Length of [`Problem::features`]: the counts and sizes, then one flag per
+/// rewrite of `mtmc_actions::rewrite::REWRITES`, set where it applies to
+/// the traced graph (rewritten graph 1 applies it).
+pub const GRAPH: usize = GRAPH_BEFORE_REWRITES + REWRITES.len();
 /// Length of the configuration's features.
 pub const CONFIG: usize = 2 * SLOTS + 2 + BLOCKS.len() + VECTORS.len() + 1 + 2 * (GRAPHS - 1) + 1;
 /// Length of the best-so-far features (besides its diagnosis).
@@ -42,18 +47,29 @@ pub const BEST: usize = 3;
 /// Length of an observation.
 pub const OBS: usize = GRAPH + CONFIG + 2 * critique::FEATURES + BEST + 1 + ACTIONS;
 
-/// Length of an observation recorded before the CUDA-graph moves: one
-/// configuration flag and two moves' priors fewer.
-const OBS_BEFORE_CUDA_GRAPH: usize = OBS - 3;
+/// Length of an observation recorded before the rewrites' flags.
+const OBS_BEFORE_REWRITES: usize = OBS - REWRITES.len();
+/// Length of an observation recorded before the CUDA-graph moves (and the
+/// rewrites' flags): one configuration flag and two moves' priors fewer.
+const OBS_BEFORE_CUDA_GRAPH: usize = OBS_BEFORE_REWRITES - 3;
 
 /// A recorded observation in this build's layout: one recorded before the
 /// CUDA-graph moves gains their flag (off: no such program existed) and
-/// their priors (0: no step of theirs had been recorded); any other is
-/// returned as it is (one of another length is left out by its readers).
+/// their priors (0: no step of theirs had been recorded); one recorded
+/// before the rewrites' flags gains them, cleared (readers that know the
+/// problem put its graph features back: [`Problem::restore`]); any other
+/// is returned as it is (one of another length is left out by its
+/// readers).
 pub fn upgrade(mut obs: Vec<f32>) -> Vec<f32> {
     if obs.len() == OBS_BEFORE_CUDA_GRAPH {
-        obs.insert(GRAPH + CONFIG - 1, 0.0);
+        obs.insert(GRAPH_BEFORE_REWRITES + CONFIG - 1, 0.0);
         obs.extend([0.0, 0.0]);
+    }
+    if obs.len() == OBS_BEFORE_REWRITES {
+        obs.splice(
+            GRAPH_BEFORE_REWRITES..GRAPH_BEFORE_REWRITES,
+            [0.0; REWRITES.len()],
+        );
     }
     obs
 }
@@ -106,6 +122,12 @@ impl Problem {
         f.push(((nodes as f32).ln_1p() / 4.0).min(1.5));
         f.push((regions as f32 / SLOTS as f32).min(2.0));
         f.push(f32::from(products));
+        let applied = rewrite_all(g).map(|(_, names)| names).unwrap_or_default();
+        f.extend(
+            REWRITES
+                .iter()
+                .map(|(name, _)| f32::from(applied.contains(name))),
+        );
         debug_assert_eq!(f.len(), GRAPH);
         Problem {
             name: name.to_string(),
@@ -119,6 +141,33 @@ impl Problem {
                 ..Shape::plain(regions, products)
             },
             memory_bound: roof.bound == Bound::Memory,
+        }
+    }
+
+    /// The same problem as recorded by an mtmc whose graph features came
+    /// before the rewrites' flags: those flags cleared (unknown), so that
+    /// its observations have this build's length. Features of any other
+    /// length are left as they are.
+    pub fn upgraded(mut self) -> Problem {
+        if self.lacks_rewrite_flags() {
+            self.features.extend([0.0; REWRITES.len()]);
+        }
+        self
+    }
+
+    /// Whether its graph features were recorded before the rewrites'
+    /// flags.
+    pub fn lacks_rewrite_flags(&self) -> bool {
+        self.features.len() == GRAPH_BEFORE_REWRITES
+    }
+
+    /// Puts this problem's graph features into `obs`, an observation of
+    /// one of its steps as recorded: the graph features of a problem are
+    /// the same at every step, so an observation recorded before a graph
+    /// feature existed reads it as a step observed now would.
+    pub fn restore(&self, obs: &mut [f32]) {
+        if obs.len() == OBS {
+            obs[..GRAPH].copy_from_slice(&self.features);
         }
     }
 
@@ -231,13 +280,20 @@ mod tests {
     use super::*;
     use crate::space::{Config, Move};
 
+    /// The rewrites' flags of `features`.
+    fn flags(features: &[f32]) -> Vec<f32> {
+        features[GRAPH_BEFORE_REWRITES..GRAPH].to_vec()
+    }
+
     #[test]
-    fn observations_recorded_before_the_cuda_graph_moves_are_upgraded() {
+    fn observations_recorded_before_the_cuda_graph_moves_or_the_rewrites_flags_are_upgraded() {
         let shape = Shape::plain(1, false);
+        let mut features = vec![0.5; GRAPH];
+        features[GRAPH_BEFORE_REWRITES + 4] = 1.0;
         let problem = Problem {
             name: "p".into(),
             pattern: "pointwise".into(),
-            features: vec![0.5; GRAPH],
+            features,
             shape,
             memory_bound: true,
         };
@@ -257,13 +313,75 @@ mod tests {
             *p = i as f32;
         }
         let now = observe(&problem, &e, &prior);
-        // The same observation as an mtmc before the moves recorded it:
-        // no flag, two priors fewer.
-        let mut old = now.clone();
-        old.remove(GRAPH + CONFIG - 1);
-        old.truncate(OBS - 3);
-        assert_eq!(upgrade(old), now);
+        // What an mtmc before the rewrites' flags observed, and what it
+        // reads as here: the flags cleared, the rest in place.
+        let mut before_flags = now.clone();
+        before_flags.drain(GRAPH_BEFORE_REWRITES..GRAPH);
+        let mut cleared = now.clone();
+        cleared[GRAPH_BEFORE_REWRITES..GRAPH].fill(0.0);
+        assert_eq!(upgrade(before_flags.clone()), cleared);
+        // The same observation as an mtmc before the CUDA-graph moves
+        // recorded it: no flags, no CUDA-graph flag, two priors fewer.
+        let mut before_moves = before_flags;
+        before_moves.remove(GRAPH_BEFORE_REWRITES + CONFIG - 1);
+        before_moves.truncate(OBS - REWRITES.len() - 3);
+        assert_eq!(upgrade(before_moves), cleared);
         assert_eq!(upgrade(now.clone()), now);
         assert_eq!(upgrade(vec![0.0; OBS - 1]).len(), OBS - 1);
+        // The problem's graph features put back read as observed now.
+        let mut restored = cleared;
+        problem.restore(&mut restored);
+        assert_eq!(restored, now);
+        // A problem recorded before the flags: cleared, so its
+        // observations have this build's length.
+        let mut old = problem.clone();
+        old.features.truncate(GRAPH_BEFORE_REWRITES);
+        assert!(old.lacks_rewrite_flags() && !problem.lacks_rewrite_flags());
+        let old = old.upgraded();
+        assert_eq!(old.features.len(), GRAPH);
+        assert_eq!(flags(&old.features), vec![0.0; REWRITES.len()]);
+        assert_eq!(observe(&old, &e, &prior).len(), OBS);
+    }
+
+    /// A shared problem's traced graph.
+    fn traced(level: u64, name: &str) -> OpGraph {
+        let line = include_str!("../../traces/kernelbench.jsonl")
+            .lines()
+            .find(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["level"] == level && v["name"] == name
+            })
+            .unwrap();
+        let t = mtmc_actions::import::parse_trace(line).unwrap();
+        mtmc_actions::import::import_trace(&t).unwrap().graph
+    }
+
+    #[test]
+    fn the_graph_features_flag_the_rewrites_that_apply() {
+        let spec = mtmc_actions::device::builtin_devices()[0].clone();
+        let named = |level, name| {
+            let p = Problem::new(name, &traced(level, name), 1, &spec);
+            assert_eq!(p.features.len(), GRAPH);
+            REWRITES
+                .iter()
+                .zip(flags(&p.features))
+                .filter(|&(_, f)| f == 1.0)
+                .map(|((n, _), _)| *n)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            named(2, "34_ConvTranspose3d_LayerNorm_GELU_Scaling"),
+            ["conv_bias_in_epilogue"]
+        );
+        assert_eq!(
+            named(2, "87_Conv2d_Subtract_Subtract_Mish"),
+            [
+                "fold_into_weights",
+                "conv_bias_in_epilogue",
+                "channels_last"
+            ]
+        );
+        assert_eq!(named(3, "44_MiniGPTBlock"), ["attention_in_one_call"]);
+        assert!(named(1, "1_Square_matrix_multiplication_").is_empty());
     }
 }

@@ -476,3 +476,30 @@ fn an_outcome_compiled_only_never_replaces_a_timed_one() {
     assert_eq!((m.evaluations, m.replaced, m.kept), (2, 2, 0), "{m:?}");
     assert_eq!(status(&o, "k1").speedup_eager, Some(1.1));
 }
+
+/// A problem recorded before the graph features flagged the rewrites that
+/// apply reads with them cleared, so that its observations have this
+/// build's length, and is named as such; one recorded now keeps its flags.
+#[test]
+fn problems_recorded_before_the_rewrites_flags_read_them_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("flags.sqlite")).unwrap();
+    let now = problem("L2/34", "conv+norm+pointwise*2");
+    let mut old = problem("L2/26", "conv+pointwise*2");
+    let flags = mtmc_actions::rewrite::REWRITES.len();
+    old.features.truncate(GRAPH - flags);
+    for p in [&now, &old] {
+        store.put_problem(p).unwrap();
+    }
+    assert_eq!(
+        store.problems_without_rewrite_flags().unwrap(),
+        ["L2/26".to_string()]
+    );
+    let read = store.problems().unwrap();
+    let of = |name: &str| read.iter().find(|p| p.name == name).unwrap().clone();
+    assert_eq!(of("L2/34").features, now.features);
+    let upgraded = of("L2/26").features;
+    assert_eq!(upgraded.len(), GRAPH);
+    assert_eq!(upgraded[..GRAPH - flags], old.features[..]);
+    assert!(upgraded[GRAPH - flags..].iter().all(|&f| f == 0.0));
+}

@@ -1689,6 +1689,15 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
             ""
         }
     )?;
+    let unflagged = store.problems_without_rewrite_flags()?;
+    if let Some(first) = unflagged.first() {
+        writeln!(
+            out,
+            "warning: {} problem(s) ({first}{}) were recorded by an mtmc before the graph features flagged the rewrites that apply; they read as if none applied. `mtmc explore` records a problem again when it runs it",
+            unflagged.len(),
+            if unflagged.len() > 1 { ", …" } else { "" }
+        )?;
+    }
     if let Some(line) = compiled_only_warning(
         &train,
         "this checkpoint learns nothing of speed",
@@ -1776,7 +1785,19 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     // steps recorded by an mtmc whose observations had another length are
     // left out, and without any step to fit on no model is written (one
     // fitted on nothing would rerank the policy's moves by chance).
-    let steps = store.steps()?;
+    let mut steps = store.steps()?;
+    // A problem's graph features are those of every step of it: steps
+    // recorded before a graph feature existed read it as this build does.
+    let problems: std::collections::BTreeMap<String, PlanProblem> = store
+        .problems()?
+        .into_iter()
+        .map(|p| (p.name.clone(), p))
+        .collect();
+    for s in &mut steps {
+        if let Some(p) = problems.get(&s.problem) {
+            p.restore(&mut s.observation);
+        }
+    }
     let samples = mtmc_planner::rtg::samples(&steps);
     let stop = Move::Stop.index();
     let stale: Vec<usize> = steps
