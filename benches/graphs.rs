@@ -10,7 +10,7 @@ use mtmc_actions::device::{MathMode, builtin_devices, roofline};
 use mtmc_actions::import::{import_trace, parse_trace};
 use mtmc_actions::intent::{Bindings, compile, parse_shapes};
 
-const TRACES: &str = include_str!("../traces/kernelbench.jsonl");
+const TRACES: &str = mtmc_actions::import::SHARED_TRACES;
 
 /// Runs `f` repeatedly for about a second and returns the median of 15
 /// batches, per call.

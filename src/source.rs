@@ -18,9 +18,8 @@ use mtmc_actions::import::{Trace, import_trace, parse_trace};
 use mtmc_actions::problem::{self, Problem};
 use sha2::{Digest, Sha256};
 
-/// The traces of the shared KernelBench problems, regenerated with
-/// `python3 env/python/trace_graph.py < problems.jsonl > traces/kernelbench.jsonl`.
-const BUILTIN_TRACES: &str = include_str!("../traces/kernelbench.jsonl");
+/// The traces of the shared KernelBench problems.
+const BUILTIN_TRACES: &str = mtmc_actions::import::SHARED_TRACES;
 
 /// Environment variable for the KernelBench path.
 pub const KERNELBENCH_ENV: &str = "MTMC_KERNELBENCH";

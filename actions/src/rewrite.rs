@@ -1835,15 +1835,7 @@ mod tests {
 
     /// A shared problem's traced graph.
     fn traced(level: u64, name: &str) -> OpGraph {
-        let line = include_str!("../../traces/kernelbench.jsonl")
-            .lines()
-            .find(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                v["level"] == level && v["name"] == name
-            })
-            .unwrap();
-        let t = crate::import::parse_trace(line).unwrap();
-        crate::import::import_trace(&t).unwrap().graph
+        crate::import::shared_graph(level, name).unwrap()
     }
 
     #[test]

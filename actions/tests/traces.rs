@@ -7,7 +7,7 @@ use mtmc_actions::import::{ImportError, import_trace, parse_trace};
 use mtmc_actions::op::{Fill, NormKind, Op, OpClass, ReduceOp};
 use mtmc_actions::{OpGraph, graph_cost, node_cost};
 
-const FIXTURES: &str = include_str!("../../traces/kernelbench.jsonl");
+const FIXTURES: &str = mtmc_actions::import::SHARED_TRACES;
 
 fn fixtures() -> BTreeMap<String, OpGraph> {
     FIXTURES

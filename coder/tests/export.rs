@@ -9,7 +9,7 @@ mod common;
 /// with no kernel at all, and Python parses the file.
 #[test]
 fn every_op_can_stay_a_torch_call() {
-    let traces = include_str!("../../traces/kernelbench.jsonl");
+    let traces = mtmc_actions::import::SHARED_TRACES;
     let mut files = Vec::new();
     let mut missing = Vec::new();
     for line in traces.lines() {

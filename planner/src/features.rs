@@ -345,15 +345,7 @@ mod tests {
 
     /// A shared problem's traced graph.
     fn traced(level: u64, name: &str) -> OpGraph {
-        let line = include_str!("../../traces/kernelbench.jsonl")
-            .lines()
-            .find(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                v["level"] == level && v["name"] == name
-            })
-            .unwrap();
-        let t = mtmc_actions::import::parse_trace(line).unwrap();
-        mtmc_actions::import::import_trace(&t).unwrap().graph
+        mtmc_actions::import::shared_graph(level, name).unwrap()
     }
 
     #[test]

@@ -1624,16 +1624,7 @@ mod tests {
     /// scale, on the H100); where torch computes them it stays a view.
     #[test]
     fn a_kernel_never_reads_a_strided_view() {
-        let traces = include_str!("../../traces/kernelbench.jsonl");
-        let line = traces
-            .lines()
-            .find(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).unwrap();
-                v["level"] == 3 && v["name"] == "5_AlexNet"
-            })
-            .unwrap();
-        let t = mtmc_actions::import::parse_trace(line).unwrap();
-        let g = mtmc_actions::import::import_trace(&t).unwrap().graph;
+        let g = mtmc_actions::import::shared_graph(3, "5_AlexNet").unwrap();
         let (r, applied) = mtmc_actions::rewrite::rewrite_all(&g).unwrap();
         assert!(applied.contains(&"channels_last"), "{applied:?}");
         let regions = regions(&r, true, false).unwrap();

@@ -171,6 +171,23 @@ impl Val {
     }
 }
 
+/// The traces of the 200 shared KernelBench problems, one JSON object a
+/// line, regenerated with
+/// `python3 env/python/trace_graph.py < problems.jsonl > traces/kernelbench.jsonl`.
+pub const SHARED_TRACES: &str = include_str!("../../../traces/kernelbench.jsonl");
+
+/// The graph of shared problem `name` (`34_ConvTranspose3d_…`) of
+/// `level`, from [`SHARED_TRACES`]; `None` where there is no such trace or
+/// it does not import.
+pub fn shared_graph(level: u64, name: &str) -> Option<OpGraph> {
+    let line = SHARED_TRACES.lines().find(|l| {
+        serde_json::from_str::<serde_json::Value>(l)
+            .is_ok_and(|v| v["level"] == level && v["name"] == name)
+    })?;
+    let trace = parse_trace(line).ok()?;
+    import_trace(&trace).ok().map(|im| im.graph)
+}
+
 /// Parses a trace from JSON text.
 pub fn parse_trace(json: &str) -> Result<Trace, ImportError> {
     let trace: Trace = serde_json::from_str(json)?;
