@@ -164,9 +164,10 @@ impl Problem {
     /// Puts this problem's graph features into `obs`, an observation of
     /// one of its steps as recorded: the graph features of a problem are
     /// the same at every step, so an observation recorded before a graph
-    /// feature existed reads it as a step observed now would.
+    /// feature existed reads it as a step observed now would. Nothing
+    /// changes where either is of another length than this build's.
     pub fn restore(&self, obs: &mut [f32]) {
-        if obs.len() == OBS {
+        if obs.len() == OBS && self.features.len() == GRAPH {
             obs[..GRAPH].copy_from_slice(&self.features);
         }
     }
@@ -341,6 +342,12 @@ mod tests {
         assert_eq!(old.features.len(), GRAPH);
         assert_eq!(flags(&old.features), vec![0.0; REWRITES.len()]);
         assert_eq!(observe(&old, &e, &prior).len(), OBS);
+        // Graph features of another length put nothing back.
+        let mut odd = problem.clone();
+        odd.features.truncate(GRAPH - 1);
+        let mut untouched = now.clone();
+        odd.restore(&mut untouched);
+        assert_eq!(untouched, now);
     }
 
     /// A shared problem's traced graph.
