@@ -1693,7 +1693,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     if let Some(first) = unflagged.first() {
         writeln!(
             out,
-            "warning: {} problem(s) ({first}{}) were recorded by an mtmc before the graph features flagged the rewrites that apply; they read as if none applied. `mtmc explore` records a problem again when it runs it",
+            "warning: {} problem(s) ({first}{}) were recorded by an mtmc before the graph features flagged the rewrites that apply; they read as if none applied. `mtmc explore` records a problem again when it runs an episode on it (`--episodes` one more than the store holds)",
             unflagged.len(),
             if unflagged.len() > 1 { ", …" } else { "" }
         )?;
