@@ -357,6 +357,31 @@ impl Store {
     /// recorded before the rewrites' flags get them cleared:
     /// [`Problem::upgraded`]).
     pub fn problems(&self) -> Result<Vec<Problem>, StoreError> {
+        Ok(self
+            .problems_as_recorded()?
+            .into_iter()
+            .map(|p| {
+                let mut p = p.upgraded();
+                p.shape.convolutions |= p.has_convolutions();
+                p
+            })
+            .collect())
+    }
+
+    /// The recorded problems whose graph features came before the
+    /// rewrites' flags (they read them cleared: [`Problem::upgraded`]),
+    /// by name.
+    pub fn problems_without_rewrite_flags(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .problems_as_recorded()?
+            .into_iter()
+            .filter(Problem::lacks_rewrite_flags)
+            .map(|p| p.name)
+            .collect())
+    }
+
+    /// Every recorded problem as its record reads, by name.
+    fn problems_as_recorded(&self) -> Result<Vec<Problem>, StoreError> {
         let mut q = self
             .conn
             .prepare("SELECT problem FROM problems ORDER BY name")
@@ -366,36 +391,8 @@ impl Store {
             .and_then(|rows| rows.collect())
             .map_err(|e| self.sql(e))?;
         rows.iter()
-            .map(|t| {
-                let mut p = serde_json::from_str::<Problem>(t)
-                    .map_err(|e| self.json(e))?
-                    .upgraded();
-                p.shape.convolutions |= p.has_convolutions();
-                Ok(p)
-            })
+            .map(|t| serde_json::from_str(t).map_err(|e| self.json(e)))
             .collect()
-    }
-
-    /// The recorded problems whose graph features came before the
-    /// rewrites' flags (they read them cleared: [`Problem::upgraded`]),
-    /// by name.
-    pub fn problems_without_rewrite_flags(&self) -> Result<Vec<String>, StoreError> {
-        let mut q = self
-            .conn
-            .prepare("SELECT name, problem FROM problems ORDER BY name")
-            .map_err(|e| self.sql(e))?;
-        let rows: Vec<(String, String)> = q
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .and_then(|rows| rows.collect())
-            .map_err(|e| self.sql(e))?;
-        let mut out = Vec::new();
-        for (name, text) in rows {
-            let p: Problem = serde_json::from_str(&text).map_err(|e| self.json(e))?;
-            if p.lacks_rewrite_flags() {
-                out.push(name);
-            }
-        }
-        Ok(out)
     }
 
     /// Starts an episode; returns its id.
