@@ -382,6 +382,22 @@ enum Command {
             conflicts_with = "table_only"
         )]
         reuse_baselines: Option<PathBuf>,
+        /// Live: once every planner has finished a problem, judge their
+        /// best programs again side by side in this many rounds (each in
+        /// another order), and let the table read each program's median
+        /// over the rounds: a program judged minutes after another meets
+        /// another state of the host, whose launch rate drifts. Also adds
+        /// the rounds to a pass run without them (its episodes' best
+        /// programs are built again from its steps). 0: each best program
+        /// judged once more right after its own search.
+        #[arg(
+            long,
+            value_name = "ROUNDS",
+            default_value_t = 0,
+            requires = "live",
+            conflicts_with = "table_only"
+        )]
+        side_by_side: usize,
     },
     /// Merge trajectory stores (say, recorded on several machines) into
     /// one: every problem, episode, step and judged program. The stores
@@ -784,6 +800,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             pool,
             table_only,
             reuse_baselines,
+            side_by_side,
         } => {
             if !live {
                 return cmd::plan::compare(
@@ -822,6 +839,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     pool: &pool,
                     table_only,
                     reuse_baselines: reuse_baselines.as_deref(),
+                    side_by_side,
                 },
             )
         }

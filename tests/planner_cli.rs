@@ -522,6 +522,66 @@ fn explore_train_compare_and_a_planned_optimize() {
         run.stdout
     );
 
+    // `--side-by-side` judges each problem's best programs again in
+    // rounds once every planner has finished it: without a GPU nothing is
+    // judged. The table reads the folder's judgings where there are some:
+    // each program's median over its rounds.
+    let run = live_run_with("2", &["--policy-stops", "--side-by-side", "3"]).success();
+    assert!(
+        run.stdout
+            .contains("side by side: no GPU here, nothing judged"),
+        "{}",
+        run.stdout
+    );
+    let judged = live.join("side_by_side.jsonl");
+    assert!(!judged.exists());
+    let err = live_run_with("2", &["--side-by-side", "3", "--table-only"]).failure();
+    assert!(err.error.contains("cannot be used with"), "{}", err.error);
+    let line = serde_json::json!({
+        "problem": "L2/76_Gemm_Add_ReLU",
+        "rounds": 3,
+        "planners": {
+            "trained": {"key": "k11 b512 v1", "speedups": [1.5, 0.9, 1.3]},
+            "random": {"key": null, "speedups": []},
+            "greedy": {"key": "k11 b256 v1", "speedups": [2.0, 2.25, 1.75]},
+        },
+        "build": "test",
+    });
+    // A last line cut short by a kill is left out.
+    std::fs::write(&judged, format!("{line}\n{{\"problem\": \"L1/2")).unwrap();
+    let table = live_run_with("2", &["--policy-stops", "--table-only"]).success();
+    assert!(
+        table.stdout.contains(
+            "judged again side by side with the other planners' in rounds, the median of its rounds (2 of 6 episodes; the others as found)"
+        ),
+        "{}",
+        table.stdout
+    );
+    let doc = read_json(&live.join("compare.json"));
+    let of = |planner: &str| {
+        doc["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["problem"] == "L2/76_Gemm_Add_ReLU")
+            .unwrap()["planners"][planner]["best"]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(
+        (of("trained"), of("greedy"), of("random")),
+        (1.3, 2.0, 1.0),
+        "{doc}"
+    );
+    std::fs::write(&judged, "not json\n").unwrap();
+    let err = live_run_with("2", &["--policy-stops", "--table-only"]).failure();
+    assert!(
+        err.error.contains("side_by_side.jsonl` line 1"),
+        "{}",
+        err.error
+    );
+    std::fs::remove_file(&judged).unwrap();
+
     // A second pass into another folder pools the first one's episodes:
     // one entry per problem and pass. Passes of another comparison, a
     // folder pooled twice, or one `compare --live` did not write are

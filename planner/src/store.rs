@@ -195,6 +195,21 @@ pub struct Recorded {
     pub speedup: Option<f64>,
 }
 
+/// One recorded move of an episode ([`Store::finished_moves`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Taken {
+    /// The move's index.
+    pub action: usize,
+    /// The key of the program it reached (as the step recorded it).
+    pub next_state: String,
+    /// How that program was judged (none for STOP).
+    pub diagnosis: Option<Diagnosis>,
+    /// The SHA-256 of its fragments (empty where nothing was built).
+    pub fragment_hash: String,
+    /// Its mean time per call, where it was correct and timed.
+    pub mean_ms: Option<f64>,
+}
+
 /// The speedup of a correct, timed program.
 pub fn correct_speedup(d: &Diagnosis) -> Option<f64> {
     (d.status == Status::Correct)
@@ -683,6 +698,66 @@ impl Store {
             .and_then(|rows| rows.collect())
             .map_err(|e| self.sql(e))?;
         Ok(rows.into_iter().map(|(p, n)| (p, n as usize)).collect())
+    }
+
+    /// The finished episodes of `planner` on `problem`, oldest first: each
+    /// one's best speedup and its moves in order, with the programs they
+    /// reached and how those were judged (what [`crate::episode::Episode`]
+    /// needs to walk the episode again).
+    pub fn finished_moves(
+        &self,
+        problem: &str,
+        planner: &str,
+    ) -> Result<Vec<(f64, Vec<Taken>)>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT id, best_speedup FROM episodes WHERE problem = ?1 AND planner = ?2
+                 AND finished_at IS NOT NULL ORDER BY id",
+            )
+            .map_err(|e| self.sql(e))?;
+        let episodes: Vec<(i64, Option<f64>)> = q
+            .query_map(params![problem, planner], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| self.sql(e))?;
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT action, next_state, diagnosis, fragment_hash, outcome FROM steps
+                 WHERE episode = ?1 ORDER BY step",
+            )
+            .map_err(|e| self.sql(e))?;
+        let mut out = Vec::new();
+        for (id, best) in episodes {
+            type Row = (i64, String, Option<String>, String, String);
+            let rows: Vec<Row> = q
+                .query_map([id], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })
+                .and_then(|rows| rows.collect())
+                .map_err(|e| self.sql(e))?;
+            let moves = rows
+                .into_iter()
+                .map(|(action, next_state, d, fragment_hash, outcome)| {
+                    let mean_ms = serde_json::from_str::<serde_json::Value>(&outcome)
+                        .ok()
+                        .and_then(|o| o["runtime"]["mean_ms"].as_f64());
+                    Ok(Taken {
+                        action: action as usize,
+                        next_state,
+                        diagnosis: d
+                            .filter(|d| !d.is_empty())
+                            .map(|d| serde_json::from_str(&d))
+                            .transpose()
+                            .map_err(|e| self.json(e))?,
+                        fragment_hash,
+                        mean_ms,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            out.push((best.unwrap_or(0.0), moves));
+        }
+        Ok(out)
     }
 
     /// Every recorded step, in episode and step order, observations in

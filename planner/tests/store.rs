@@ -503,3 +503,43 @@ fn problems_recorded_before_the_rewrites_flags_read_them_cleared() {
     assert_eq!(upgraded[..GRAPH - flags], old.features[..]);
     assert!(upgraded[GRAPH - flags..].iter().all(|&f| f == 0.0));
 }
+
+#[test]
+fn an_episodes_moves_read_back_in_order_with_their_outcomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.sqlite");
+    let mut store = three_steps(&path);
+    // An episode that never finished (a killed run) is not read.
+    let p = problem("L1/1", "pointwise");
+    let open = store.begin_episode("L1/1", "random", "test", 1).unwrap();
+    store
+        .add_step(&p, "test", &step(open, 0, Move::Retile(512), 0.1))
+        .unwrap();
+    // Neither is another planner's.
+    let greedy = store.begin_episode("L1/1", "greedy", "test", 0).unwrap();
+    let mut timed = step(greedy, 0, Move::Retile(128), 0.1);
+    timed.outcome = r#"{"status":"correct","runtime":{"mean_ms":0.25}}"#.into();
+    store.add_step(&p, "test", &timed).unwrap();
+    store.end_episode(greedy, 1.0).unwrap();
+
+    let random = store.finished_moves("L1/1", "random").unwrap();
+    assert_eq!(random.len(), 1);
+    let (best, moves) = &random[0];
+    assert_eq!(*best, 1.2);
+    assert_eq!(
+        moves
+            .iter()
+            .map(|t| t.next_state.as_str())
+            .collect::<Vec<_>>(),
+        ["k0", "k1", "k2"]
+    );
+    assert!(moves.iter().all(|t| t.action == Move::Vectorize(4).index()));
+    assert_eq!(moves[2].fragment_hash, format!("{:064x}", 2));
+    let d = moves[1].diagnosis.as_ref().unwrap();
+    assert_eq!((d.status, d.speedup_eager), (Status::Correct, Some(1.1)));
+    // No time where the outcome holds none.
+    assert!(moves.iter().all(|t| t.mean_ms.is_none()));
+    let greedy = store.finished_moves("L1/1", "greedy").unwrap();
+    assert_eq!(greedy[0].1[0].mean_ms, Some(0.25));
+    assert!(store.finished_moves("L1/2", "random").unwrap().is_empty());
+}

@@ -12,7 +12,10 @@
 //! `settings.json` (what was asked; a rerun with other settings is
 //! refused), `episodes.jsonl` (one line per finished episode),
 //! `trajectories.sqlite` (every step), `logs/` (each episode's steps as
-//! text) and `compare.json` (the table and each problem's results).
+//! text), `compare.json` (the table and each problem's results) and,
+//! with `--side-by-side`, `side_by_side.jsonl` (each problem's best
+//! programs judged again in rounds, one line per problem) and `best/`
+//! (those programs' ModelNew files).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -29,8 +32,9 @@ use sha2::{Digest, Sha256};
 
 use crate::cmd::optimize::ProblemJudge;
 use crate::cmd::plan::{
-    NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, geomean, levels_words,
-    of_levels, plan_problem, print_table, problem_rows, row, stopping,
+    Choice, NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, geomean,
+    judge_side_by_side, levels_words, of_levels, plan_problem, print_table, problem_rows,
+    rebuild_best, row, stopping,
 };
 
 /// What `mtmc compare --live` was asked to do.
@@ -68,6 +72,9 @@ pub struct LiveRequest<'a> {
     /// An earlier pass's folder whose random and greedy episodes this one
     /// takes ([`reuse_baselines`]).
     pub reuse_baselines: Option<&'a Path>,
+    /// Rounds in which each problem's best programs are judged again side
+    /// by side once every planner has finished it (0: none).
+    pub side_by_side: usize,
 }
 
 /// What a live comparison was asked to do, kept in `settings.json`: a
@@ -210,6 +217,216 @@ struct Finished {
     reused_from: Option<String>,
 }
 
+/// One problem's best programs judged side by side after every planner
+/// finished it (`--side-by-side`), a line of `side_by_side.jsonl`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct SideBySide {
+    problem: String,
+    rounds: usize,
+    /// Per planner: its best program and the speedups of its judgings.
+    planners: BTreeMap<String, Judged>,
+    /// The mtmc build that judged them ([`build_id`]).
+    build: String,
+}
+
+/// A planner's best program judged in the rounds of a [`SideBySide`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Judged {
+    /// Its key (none when the episode had no correct program).
+    key: Option<String>,
+    /// Its speedup against eager in each round (0: not correct then).
+    speedups: Vec<f64>,
+}
+
+impl Judged {
+    /// The median of its speedups (none without any).
+    fn median(&self) -> Option<f64> {
+        let mut v = self.speedups.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        match n {
+            0 => None,
+            _ if n % 2 == 1 => Some(v[n / 2]),
+            _ => Some(0.5 * (v[n / 2 - 1] + v[n / 2])),
+        }
+    }
+}
+
+/// The side-by-side judgings in `path`, by problem (none when it is not
+/// there; a last line cut short by a kill is dropped).
+fn side_by_side(path: &Path) -> Result<BTreeMap<String, SideBySide>> {
+    let (lines, _) = json_lines::<SideBySide>(path)?;
+    Ok(lines.into_iter().map(|j| (j.problem.clone(), j)).collect())
+}
+
+/// Each planner's best program of a problem built again: the planner, and
+/// the program's key and ModelNew (none when nothing was correct).
+type Rebuilt = Vec<(String, Option<(String, String)>)>;
+
+/// The file of a pass's side-by-side judgings.
+const SIDE_BY_SIDE: &str = "side_by_side.jsonl";
+
+/// Judges side by side, in `rounds` rounds, the best programs of each
+/// problem of `recorded` (`chosen`: their KernelBench problems) that every
+/// planner of `planners` has finished in `done` and that `judged` lacks.
+/// Each episode's best program is built again from its steps in the
+/// folder's (or the reused episode's folder's) `trajectories.sqlite` and
+/// written to `best/`; each problem's line is appended to
+/// `side_by_side.jsonl` as soon as it is judged, so a kill loses at most
+/// the problem in progress. A problem whose programs cannot be built again
+/// (another build of the search or coder ran its episodes) is named and
+/// left as it is.
+#[allow(clippy::too_many_arguments)]
+fn judge_left(
+    out: &mut dyn std::io::Write,
+    out_dir: &Path,
+    recorded: &[TreeProblem],
+    chosen: &[&mtmc_actions::problem::Problem],
+    problems: &crate::source::Problems,
+    planners: &[(String, Choice)],
+    done: &[Finished],
+    rounds: usize,
+    timeout: Duration,
+    judged: &mut BTreeMap<String, SideBySide>,
+) -> Result<()> {
+    let by: BTreeMap<(&str, &str), &Finished> = done
+        .iter()
+        .map(|f| ((f.problem.as_str(), f.planner.as_str()), f))
+        .collect();
+    let todo: Vec<usize> = recorded
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| {
+            let name = p.problem.name.as_str();
+            !judged.contains_key(name)
+                && planners
+                    .iter()
+                    .all(|(n, _)| by.contains_key(&(name, n.as_str())))
+        })
+        .map(|(k, _)| k)
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "side by side: {} problem(s) whose best programs every planner has found, each judged in {rounds} round(s)",
+        todo.len()
+    )?;
+    let graphs = problems.graphs(&todo.iter().map(|&k| chosen[k]).collect::<Vec<_>>())?;
+    let mut judge = ProblemJudge::with_baselines(true, timeout, true, &["eager"], false);
+    let build = build_id()?;
+    let best_dir = out_dir.join("best");
+    std::fs::create_dir_all(&best_dir)
+        .with_context(|| format!("cannot create `{}`", best_dir.display()))?;
+    let path = out_dir.join(SIDE_BY_SIDE);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("cannot open `{}`", path.display()))?;
+    let bar = ProgressBar::new(todo.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
+            .expect("a valid template"),
+    );
+    for (&k, traced) in todo.iter().zip(&graphs) {
+        let name = &recorded[k].problem.name;
+        bar.set_message(format!("{name}: side by side"));
+        let built = (|| -> Result<Rebuilt> {
+            let g = traced
+                .graph
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("no graph ({e})"))?;
+            let mut built = Vec::new();
+            for (planner, _) in planners {
+                let f = by[&(name.as_str(), planner.as_str())];
+                let dir = f
+                    .reused_from
+                    .as_ref()
+                    .map_or_else(|| out_dir.to_path_buf(), PathBuf::from);
+                let store = Store::open_to_read(&dir.join("trajectories.sqlite"))?;
+                let episodes = store.finished_moves(name, planner)?;
+                let tol = 1e-9 * f.best.abs().max(1.0);
+                let Some((_, moves)) = episodes
+                    .iter()
+                    .rev()
+                    .find(|(b, _)| (b - f.best).abs() <= tol)
+                else {
+                    bail!(
+                        "`{}` holds no finished {planner} episode whose best is {:.4}x, the one `episodes.jsonl` names",
+                        dir.join("trajectories.sqlite").display(),
+                        f.best
+                    );
+                };
+                built.push((
+                    planner.clone(),
+                    rebuild_best(chosen[k], g, &mut judge, moves)?,
+                ));
+            }
+            Ok(built)
+        })();
+        let built = match built {
+            Ok(b) => b,
+            Err(e) => {
+                bar.suspend(|| writeln!(out, "{name}: not judged side by side: {e:#}"))?;
+                bar.inc(1);
+                continue;
+            }
+        };
+        let g = traced.graph.as_ref().expect("built above");
+        let mut codes = Vec::new();
+        for (planner, b) in &built {
+            if let Some((_, code)) = b {
+                let file = best_dir.join(format!("{}.{planner}.py", file_name(name)));
+                std::fs::write(&file, code)
+                    .with_context(|| format!("cannot write `{}`", file.display()))?;
+                codes.push(code.clone());
+            }
+        }
+        let mut speedups =
+            judge_side_by_side(chosen[k], g, &mut judge, &codes, rounds)?.into_iter();
+        let line = SideBySide {
+            problem: name.clone(),
+            rounds,
+            planners: built
+                .into_iter()
+                .map(|(planner, b)| {
+                    let key = b.map(|(key, _)| key);
+                    let speedups = if key.is_some() {
+                        speedups.next().unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    (planner, Judged { key, speedups })
+                })
+                .collect(),
+            build: build.clone(),
+        };
+        writeln!(file, "{}", serde_json::to_string(&line)?)
+            .and_then(|_| file.flush())
+            .with_context(|| format!("cannot write `{}`", path.display()))?;
+        bar.suspend(|| {
+            writeln!(
+                out,
+                "{name}: side by side, the median of {rounds} round(s): {}",
+                line.planners
+                    .iter()
+                    .map(|(p, j)| match j.median() {
+                        Some(m) => format!("{p} {m:.3}x"),
+                        None => format!("{p} (nothing correct)"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        judged.insert(name.clone(), line);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
 /// The running mtmc's build: its version and the first 12 hex digits of
 /// the executable's SHA-256. A change of mtmc between passes, or between
 /// a pass and its resume, changes what the planners' searches do (the
@@ -264,6 +481,13 @@ fn file_name(problem: &str) -> String {
 /// there), and whether its last line was cut short by a kill (that line
 /// is dropped).
 fn finished(path: &Path) -> Result<(Vec<Finished>, bool)> {
+    json_lines(path)
+}
+
+/// The lines of the JSON-lines file at `path` that this command appends
+/// to (none when it is not there), and whether its last line was cut
+/// short by a kill (that line is dropped).
+fn json_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<(Vec<T>, bool)> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), false)),
@@ -272,7 +496,7 @@ fn finished(path: &Path) -> Result<(Vec<Finished>, bool)> {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let mut done = Vec::new();
     for (i, line) in lines.iter().enumerate() {
-        match serde_json::from_str::<Finished>(line) {
+        match serde_json::from_str::<T>(line) {
             Ok(f) => done.push(f),
             Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
             Err(e) => bail!(
@@ -321,6 +545,8 @@ struct Pass {
     levels: Vec<u32>,
     /// Its finished episodes.
     episodes: Vec<Finished>,
+    /// Its problems' best programs judged side by side, by problem.
+    judged: BTreeMap<String, SideBySide>,
 }
 
 /// Whether `theirs`, an earlier pass's settings, may be pooled with
@@ -385,6 +611,7 @@ fn pooled_passes(
             dir: dir.clone(),
             levels: theirs.levels,
             episodes,
+            judged: side_by_side(&dir.join(SIDE_BY_SIDE))?,
         });
     }
     Ok(passes)
@@ -804,12 +1031,36 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         bar.finish_and_clear();
     }
 
+    let mut judged = side_by_side(&req.out_dir.join(SIDE_BY_SIDE))?;
+    if req.side_by_side > 0 && !req.table_only {
+        if timed {
+            judge_left(
+                out,
+                req.out_dir,
+                &recorded,
+                &chosen,
+                &problems,
+                &planners,
+                &done,
+                req.side_by_side,
+                req.timeout,
+                &mut judged,
+            )?;
+        } else {
+            writeln!(
+                out,
+                "side by side: no GPU here, nothing judged (the rounds time the programs; run them where there is one)"
+            )?;
+        }
+    }
+
     // The table covers, in this pass and each pooled one, the problems
     // every planner finished: one entry per problem and pass.
     let mut passes = vec![Pass {
         dir: req.out_dir.to_path_buf(),
         levels: settings.levels.clone(),
         episodes: done,
+        judged,
     }];
     passes.extend(pooled);
     // The levels the table covers: every level when a pass took all.
@@ -870,19 +1121,35 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     }
     let mut seconds = 0.0;
     let mut as_found: Vec<(String, f64, usize)> = Vec::new();
+    // The table reads each best program's median over the side-by-side
+    // rounds where there are some, else its second timing where there is
+    // one; the first, as found, is the best of several.
+    let side = |n: usize, f: &Finished| -> Option<f64> {
+        passes[pass_of[n]]
+            .judged
+            .get(&f.problem)?
+            .planners
+            .get(&f.planner)?
+            .median()
+    };
+    let figure = |n: usize, f: &Finished| side(n, f).or(f.rejudged).unwrap_or(f.best).max(1.0);
+    let mut side_by_side_n = 0;
     for (planner, _) in &planners {
         let eps: Vec<&Finished> = runs.iter().map(|r| r[planner.as_str()]).collect();
-        // The table reads each best program's second timing where there
-        // is one; the first, as found, is the best of several.
-        let bests: Vec<f64> = eps
-            .iter()
-            .map(|f| f.rejudged.unwrap_or(f.best).max(1.0))
-            .collect();
+        let bests: Vec<f64> = eps.iter().enumerate().map(|(n, f)| figure(n, f)).collect();
         let found: Vec<f64> = eps.iter().map(|f| f.best).collect();
+        side_by_side_n += eps
+            .iter()
+            .enumerate()
+            .filter(|&(n, f)| side(n, f).is_some())
+            .count();
         as_found.push((
             planner.clone(),
             geomean(&found),
-            eps.iter().filter(|f| f.rejudged.is_some()).count(),
+            eps.iter()
+                .enumerate()
+                .filter(|&(n, f)| side(n, f).is_none() && f.rejudged.is_some())
+                .count(),
         ));
         let (mut near, mut to_near) = (0usize, 0usize);
         for (f, &ex) in eps.iter().zip(&exhaustive) {
@@ -891,11 +1158,11 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                 to_near += i + 1;
             }
         }
-        for (r, f) in per_problem.iter_mut().zip(&eps) {
+        for (n, (r, f)) in per_problem.iter_mut().zip(&eps).enumerate() {
             r.planners.insert(
                 planner.clone(),
                 PlannerResult {
-                    best: f.rejudged.unwrap_or(f.best).max(1.0),
+                    best: figure(n, f),
                     evaluations: f.evaluations as f64,
                     path: Vec::new(),
                     considered: Vec::new(),
@@ -946,11 +1213,22 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     let pairs = crate::cmd::paired::pairs(&per_problem);
     print_table(out, &rows, &pairs, false)?;
     let again: usize = as_found.iter().map(|a| a.2).sum();
-    if again > 0 {
+    if again + side_by_side_n > 0 {
+        let episodes = as_found.len() * complete.len();
+        let how = match (side_by_side_n, again) {
+            (0, _) => format!(
+                "each episode's best program judged once more after its search ({again} of {episodes} episodes; the others as found)"
+            ),
+            (s, 0) => format!(
+                "each episode's best program judged again side by side with the other planners' in rounds, the median of its rounds ({s} of {episodes} episodes; the others as found)"
+            ),
+            (s, a) => format!(
+                "each episode's best program judged again side by side with the other planners' in rounds, the median of its rounds ({s} of {episodes} episodes), or judged once more after its search ({a}; the others as found)"
+            ),
+        };
         writeln!(
             out,
-            "geomean: each episode's best program judged once more after its search ({again} of {} episodes; the others as found); as found, the best of the search's timings: {}",
-            as_found.len() * complete.len(),
+            "geomean: {how}; as found, the best of the search's timings: {}",
             as_found
                 .iter()
                 .map(|(p, g, _)| format!("{p} {g:.3}x"))

@@ -338,6 +338,21 @@ impl ProblemJudge {
         }
     }
 
+    /// Judges one candidate of `problem`: the Python program `code`
+    /// (a `ModelNew`), labelled `name` in the worker's messages.
+    pub(crate) fn judge_code(
+        &mut self,
+        problem: &ProblemSource,
+        name: String,
+        code: String,
+    ) -> Result<Outcome> {
+        let candidate = Candidate::Python { name, code };
+        let mut results = self
+            .runtime
+            .block_on(self.pool.evaluate_all(problem, vec![candidate]));
+        Ok(results.remove(0).result?)
+    }
+
     /// Candidates judged at once: one per worker (GPU).
     pub fn in_flight(&self) -> usize {
         if self.gpu {

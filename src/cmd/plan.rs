@@ -31,7 +31,7 @@ use mtmc_planner::ppo::PpoConfig;
 use mtmc_planner::rng::Rng;
 use mtmc_planner::rtg::RewardToGo;
 use mtmc_planner::space::{ACTIONS, Config, Move, REWRITTEN};
-use mtmc_planner::store::{StepRecord, Store, correct_speedup, now};
+use mtmc_planner::store::{StepRecord, Store, Taken, correct_speedup, now};
 use mtmc_planner::tree::{self, TreeEnv, TreeProblem};
 
 use crate::cmd::optimize::{
@@ -648,6 +648,127 @@ pub fn plan_problem(
         rejudged,
         changed: j.changed,
     })
+}
+
+/// The best program of a finished episode of problem `p` (graph `g`),
+/// built again: the episode is walked again move by move with its
+/// recorded outcomes (`moves`, as [`Store::finished_moves`] reads them),
+/// and the program it kept as its best (the correct one of the least mean
+/// time, the one an episode judges again and writes) is built as the
+/// episode built it. Returns that program's key and its ModelNew, or none
+/// when nothing was correct and timed. A move that reaches another program
+/// than the one recorded, or fragments whose hash is not the recorded one,
+/// is an error: the search or the coder changed since the episode ran, and
+/// the program built now would not be the one it judged.
+pub(crate) fn rebuild_best(
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    moves: &[Taken],
+) -> Result<Option<(String, String)>> {
+    let j = Judging::new(p, g, judge)?;
+    let name = p.full_name();
+    let mut e = Episode::new(j.problem.shape, moves.len());
+    let mut best: Option<(f64, Config, &str)> = None;
+    for (i, t) in moves.iter().enumerate() {
+        let m = Move::from_index(t.action);
+        if m == Move::Stop {
+            break;
+        }
+        let reached = e.target(m);
+        let Some(next) = reached.filter(|c| c.key() == t.next_state) else {
+            bail!(
+                "{name}: the recorded move {} ({}) from {} reached `{}`; this build reaches {}: the episode ran on another build of the search, so its best program cannot be built again here",
+                i + 1,
+                m.label(),
+                e.config.key(),
+                t.next_state,
+                e.target(m)
+                    .map_or("no program".to_string(), |c| format!("`{}`", c.key()))
+            );
+        };
+        let Some(d) = &t.diagnosis else {
+            bail!(
+                "{name}: the recorded move {} ({}) has no outcome",
+                i + 1,
+                m.label()
+            );
+        };
+        if d.status == Status::Correct
+            && let Some(ms) = t.mean_ms
+            && best.as_ref().is_none_or(|b| ms < b.0)
+        {
+            best = Some((ms, next.clone(), &t.fragment_hash));
+        }
+        e.record(m, next, d.clone(), &Reward::default());
+    }
+    let Some((_, c, hash)) = best else {
+        return Ok(None);
+    };
+    let (graph, regions) = j.graph(&c);
+    let program = build_config(graph, regions, &c).map_err(|f| {
+        anyhow::anyhow!(
+            "{name}: its best program `{}` no longer builds ({:?}): {}",
+            c.key(),
+            f.stage,
+            f.log.lines().next().unwrap_or("")
+        )
+    })?;
+    let (now, _) = fragments(&program);
+    if now != hash {
+        bail!(
+            "{name}: its best program `{}` builds other kernels now (fragments {} here, {} recorded): the coder changed since the episode ran",
+            c.key(),
+            short_hash(&now),
+            short_hash(hash)
+        );
+    }
+    let code =
+        mtmc_coder::export::to_model_new(graph, &program, &p.code).map_err(anyhow::Error::msg)?;
+    Ok(Some((c.key(), code)))
+}
+
+/// The first 12 characters of a hash (all of a shorter one).
+fn short_hash(h: &str) -> &str {
+    h.get(..12).unwrap_or(h)
+}
+
+/// Judges the ModelNew programs `codes` of problem `p` (graph `g`) side
+/// by side: `rounds` rounds, each judging every program once, the first
+/// of a round being the second of the round before, so that the programs
+/// meet the same states of the machine (the host's launch rate drifts
+/// over seconds). Returns each program's speedups against eager (eager
+/// timed beside each judging, as always), in the order of `codes`; 0 for
+/// a judging that was not correct. Without a GPU, nothing is judged.
+pub(crate) fn judge_side_by_side(
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    codes: &[String],
+    rounds: usize,
+) -> Result<Vec<Vec<f64>>> {
+    let mut speedups = vec![Vec::new(); codes.len()];
+    if !judge.gpu || codes.is_empty() {
+        return Ok(speedups);
+    }
+    let source = problem_source(p)?;
+    let bound = PlanProblem::new(&p.full_name(), g, 0, &h100()).bound();
+    for r in 0..rounds {
+        for k in 0..codes.len() {
+            let i = (r + k) % codes.len();
+            let o = judge.judge_code(
+                &source,
+                format!("model_new side by side {}", i + 1),
+                codes[i].clone(),
+            )?;
+            speedups[i].push(if o.status == Status::Correct {
+                Diagnosis::of(&o, bound).speedup_eager.unwrap_or(0.0)
+            } else {
+                0.0
+            });
+        }
+    }
+    Ok(speedups)
 }
 
 /// A round of candidates in flight at once: `first` (the planner's move,
@@ -2583,6 +2704,116 @@ mod tests {
             fragments(&build_config(&graph(false), &[], &replayed).unwrap()).0,
             fragments(&plain).0
         );
+    }
+
+    /// L2/76's graph, the problem (its code a stand-in: nothing runs it)
+    /// and a judge without a GPU.
+    fn l2_76() -> (OpGraph, mtmc_actions::problem::Problem, ProblemJudge) {
+        let g = mtmc_actions::import::shared_graph(2, "76_Gemm_Add_ReLU").unwrap();
+        let p = mtmc_actions::problem::Problem {
+            level: 2,
+            number: 76,
+            name: "76_Gemm_Add_ReLU".into(),
+            code: "class Model: pass\n".into(),
+        };
+        let judge = ProblemJudge::with_baselines(false, Duration::from_secs(5), true, &[], false);
+        (g, p, judge)
+    }
+
+    /// An episode of L2/76 recorded by hand, as a live pass records it:
+    /// each move's program, its outcome, its fragments' hash and its time.
+    fn recorded_episode(
+        p: &mtmc_actions::problem::Problem,
+        g: &OpGraph,
+        judge: &mut ProblemJudge,
+        steps: &[(Move, Status, f64)],
+    ) -> Vec<Taken> {
+        let j = Judging::new(p, g, judge).unwrap();
+        let mut e = Episode::new(j.problem.shape, 8);
+        let mut taken = Vec::new();
+        for &(m, status, ms) in steps {
+            let next = e.target(m).unwrap();
+            let (graph, regions) = j.graph(&next);
+            let hash = fragments(&build_config(graph, regions, &next).unwrap()).0;
+            let mut d = Diagnosis::failed_to_build("", false);
+            d.status = status;
+            d.speedup_eager = (status == Status::Correct).then_some(3.0 / ms);
+            e.record(m, next.clone(), d.clone(), &Reward::default());
+            taken.push(Taken {
+                action: m.index(),
+                next_state: next.key(),
+                diagnosis: Some(d),
+                fragment_hash: hash,
+                mean_ms: (status == Status::Correct).then_some(ms),
+            });
+        }
+        taken
+    }
+
+    #[test]
+    fn an_episodes_best_program_is_built_again_from_its_recorded_moves() {
+        use mtmc_planner::space::Slot;
+        let (g, p, mut judge) = l2_76();
+        let moves = recorded_episode(
+            &p,
+            &g,
+            &mut judge,
+            &[
+                (Move::CustomKernel(Slot::All), Status::Correct, 2.0),
+                (Move::Retile(512), Status::Correct, 1.5),
+                (Move::Vectorize(4), Status::Incorrect, 1.0),
+                (Move::Retile(128), Status::Correct, 1.8),
+            ],
+        );
+        let (key, code) = rebuild_best(&p, &g, &mut judge, &moves).unwrap().unwrap();
+        // The least time of the correct ones: the retile to 512 threads.
+        assert_eq!(key, moves[1].next_state);
+        assert!(key.contains("b512"), "{key}");
+        assert!(code.contains("class ModelNew"), "{code}");
+        // A STOP ends the walk; what follows it is not read.
+        let mut stopped = moves[..1].to_vec();
+        stopped.push(Taken {
+            action: Move::Stop.index(),
+            next_state: String::new(),
+            diagnosis: None,
+            fragment_hash: String::new(),
+            mean_ms: None,
+        });
+        stopped.extend_from_slice(&moves[1..]);
+        let (first, _) = rebuild_best(&p, &g, &mut judge, &stopped).unwrap().unwrap();
+        assert_eq!(first, moves[0].next_state);
+        // Another build that reached another program: refused.
+        let mut elsewhere = moves.clone();
+        elsewhere[1].next_state = "k11 b1024 v1".into();
+        let err = rebuild_best(&p, &g, &mut judge, &elsewhere).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("reached `k11 b1024 v1`; this build reaches"),
+            "{err:#}"
+        );
+        // Other kernels for the same key (the coder changed): refused.
+        let mut recoded = moves.clone();
+        recoded[1].fragment_hash = "0".repeat(64);
+        let err = rebuild_best(&p, &g, &mut judge, &recoded).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("builds other kernels now"),
+            "{err:#}"
+        );
+        // Nothing correct: no program.
+        let wrong = recorded_episode(
+            &p,
+            &g,
+            &mut judge,
+            &[(Move::CustomKernel(Slot::All), Status::Incorrect, 1.0)],
+        );
+        assert!(rebuild_best(&p, &g, &mut judge, &wrong).unwrap().is_none());
+    }
+
+    #[test]
+    fn side_by_side_rounds_judge_nothing_without_a_gpu() {
+        let (g, p, mut judge) = l2_76();
+        let codes = vec!["a".to_string(), "b".to_string()];
+        let judged = judge_side_by_side(&p, &g, &mut judge, &codes, 3).unwrap();
+        assert_eq!(judged, vec![Vec::<f64>::new(), Vec::new()]);
     }
 
     fn problem() -> PlanProblem {
