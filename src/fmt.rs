@@ -1,4 +1,16 @@
-//! Human-readable numbers and simple aligned tables.
+//! Human-readable numbers, simple aligned tables, and the progress bar of
+//! long work.
+
+/// The progress bar of `len` steps of long work: the bar, the count, the
+/// time spent and left, and a message.
+pub fn progress_bar(len: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
+            .expect("a valid template"),
+    );
+    bar
+}
 
 /// `1.23 GFLOP`-style scaling with SI prefixes.
 pub fn si(value: f64, unit: &str) -> String {

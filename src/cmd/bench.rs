@@ -21,7 +21,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use mtmc_actions::problem::Problem;
 use mtmc_env::outcome::Status;
 use serde::{Deserialize, Serialize};
@@ -322,11 +321,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         .append(true)
         .open(&results_path)
         .with_context(|| format!("cannot open `{}`", results_path.display()))?;
-    let bar = ProgressBar::new(todo.len() as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
-            .expect("a valid template"),
-    );
+    let bar = crate::fmt::progress_bar(todo.len() as u64);
     for p in &todo {
         bar.set_message(p.full_name());
         let record = bench_one(&problems, p, &mut judge, req.out_dir, req.target);

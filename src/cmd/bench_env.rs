@@ -50,7 +50,8 @@ impl Row {
     }
 }
 
-fn median(values: &[f64]) -> Option<f64> {
+/// The median of `values` (none when there are none).
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
     }

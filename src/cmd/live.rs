@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use mtmc_planner::policy::Checkpoint;
 use mtmc_planner::store::{RECORDED_H100, Store};
 use mtmc_planner::tree::{self, TreeProblem};
@@ -241,14 +240,7 @@ struct Judged {
 impl Judged {
     /// The median of its speedups (none without any).
     fn median(&self) -> Option<f64> {
-        let mut v = self.speedups.clone();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        match n {
-            0 => None,
-            _ if n % 2 == 1 => Some(v[n / 2]),
-            _ => Some(0.5 * (v[n / 2 - 1] + v[n / 2])),
-        }
+        crate::cmd::bench_env::median(&self.speedups)
     }
 }
 
@@ -325,11 +317,10 @@ fn judge_left(
         .append(true)
         .open(&path)
         .with_context(|| format!("cannot open `{}`", path.display()))?;
-    let bar = ProgressBar::new(todo.len() as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
-            .expect("a valid template"),
-    );
+    let bar = crate::fmt::progress_bar(todo.len() as u64);
+    // Each folder's steps, opened once (a reused episode's are in its
+    // pass's folder).
+    let mut stores: BTreeMap<PathBuf, Store> = BTreeMap::new();
     for (&k, traced) in todo.iter().zip(&graphs) {
         let name = &recorded[k].problem.name;
         bar.set_message(format!("{name}: side by side"));
@@ -345,7 +336,12 @@ fn judge_left(
                     .reused_from
                     .as_ref()
                     .map_or_else(|| out_dir.to_path_buf(), PathBuf::from);
-                let store = Store::open_to_read(&dir.join("trajectories.sqlite"))?;
+                let store = match stores.entry(dir.clone()) {
+                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        e.insert(Store::open_to_read(&dir.join("trajectories.sqlite"))?)
+                    }
+                };
                 let episodes = store.finished_moves(name, planner)?;
                 let tol = 1e-9 * f.best.abs().max(1.0);
                 let Some((_, moves)) = episodes
@@ -954,11 +950,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             rejudge: true,
             knowledge: req.split,
         };
-        let bar = ProgressBar::new(work.len() as u64);
-        bar.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
-                .expect("a valid template"),
-        );
+        let bar = crate::fmt::progress_bar(work.len() as u64);
         for &(k, j) in &work {
             let name = &recorded[k].problem.name;
             let (planner, choice) = &planners[j];

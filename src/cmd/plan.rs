@@ -1600,11 +1600,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         }
     )?;
     let graphs = problems.graphs(&work.iter().map(|w| w.0).collect::<Vec<_>>())?;
-    let bar = ProgressBar::new(total as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
-            .expect("a valid template"),
-    );
+    let bar = crate::fmt::progress_bar(total as u64);
     let settings = PlanSettings {
         budget: req.budget,
         near_roofline: f64::INFINITY,
