@@ -370,7 +370,6 @@ fn judge_left(
                 continue;
             }
         };
-        let g = traced.graph.as_ref().expect("built above");
         let mut codes = Vec::new();
         for (planner, b) in &built {
             if let Some((_, code)) = b {
@@ -380,8 +379,7 @@ fn judge_left(
                 codes.push(code.clone());
             }
         }
-        let mut speedups =
-            judge_side_by_side(chosen[k], g, &mut judge, &codes, rounds)?.into_iter();
+        let mut speedups = judge_side_by_side(chosen[k], &mut judge, &codes, rounds)?.into_iter();
         let line = SideBySide {
             problem: name.clone(),
             rounds,

@@ -675,17 +675,16 @@ pub(crate) fn rebuild_best(
         if m == Move::Stop {
             break;
         }
-        let reached = e.target(m);
-        let Some(next) = reached.filter(|c| c.key() == t.next_state) else {
-            bail!(
+        let next = match e.target(m) {
+            Some(c) if c.key() == t.next_state => c,
+            reached => bail!(
                 "{name}: the recorded move {} ({}) from {} reached `{}`; this build reaches {}: the episode ran on another build of the search, so its best program cannot be built again here",
                 i + 1,
                 m.label(),
                 e.config.key(),
                 t.next_state,
-                e.target(m)
-                    .map_or("no program".to_string(), |c| format!("`{}`", c.key()))
-            );
+                reached.map_or("no program".to_string(), |c| format!("`{}`", c.key()))
+            ),
         };
         let Some(d) = &t.diagnosis else {
             bail!(
@@ -733,7 +732,7 @@ fn short_hash(h: &str) -> &str {
     h.get(..12).unwrap_or(h)
 }
 
-/// Judges the ModelNew programs `codes` of problem `p` (graph `g`) side
+/// Judges the ModelNew programs `codes` of problem `p` side
 /// by side: `rounds` rounds, each judging every program once, the first
 /// of a round being the second of the round before, so that the programs
 /// meet the same states of the machine (the host's launch rate drifts
@@ -742,7 +741,6 @@ fn short_hash(h: &str) -> &str {
 /// a judging that was not correct. Without a GPU, nothing is judged.
 pub(crate) fn judge_side_by_side(
     p: &mtmc_actions::problem::Problem,
-    g: &OpGraph,
     judge: &mut ProblemJudge,
     codes: &[String],
     rounds: usize,
@@ -752,7 +750,6 @@ pub(crate) fn judge_side_by_side(
         return Ok(speedups);
     }
     let source = problem_source(p)?;
-    let bound = PlanProblem::new(&p.full_name(), g, 0, &h100()).bound();
     for r in 0..rounds {
         for k in 0..codes.len() {
             let i = (r + k) % codes.len();
@@ -762,7 +759,7 @@ pub(crate) fn judge_side_by_side(
                 codes[i].clone(),
             )?;
             speedups[i].push(if o.status == Status::Correct {
-                Diagnosis::of(&o, bound).speedup_eager.unwrap_or(0.0)
+                o.speedup_vs("eager").unwrap_or(0.0)
             } else {
                 0.0
             });
@@ -2806,9 +2803,9 @@ mod tests {
 
     #[test]
     fn side_by_side_rounds_judge_nothing_without_a_gpu() {
-        let (g, p, mut judge) = l2_76();
+        let (_, p, mut judge) = l2_76();
         let codes = vec!["a".to_string(), "b".to_string()];
-        let judged = judge_side_by_side(&p, &g, &mut judge, &codes, 3).unwrap();
+        let judged = judge_side_by_side(&p, &mut judge, &codes, 3).unwrap();
         assert_eq!(judged, vec![Vec::<f64>::new(), Vec::new()]);
     }
 
