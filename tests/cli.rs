@@ -963,7 +963,9 @@ fn strict_mode_keeps_every_op_in_a_kernel_and_names_what_it_cannot() {
 /// each) compile for both targets without a GPU: CUDA by NVRTC, Triton
 /// by Triton. Few long lines are cut into runs combined atomically (the
 /// maximum, the minimum); the scans written with slices and the losses
-/// (the KL divergence's batch mean among them) are all kernels.
+/// (the KL divergence's batch mean among them) are all kernels; a causal
+/// mask torch computed and a comparison in the chain are read as
+/// booleans by the masked_fill and the where.
 #[test]
 fn family_problems_compile_for_cuda_and_triton() {
     let Some(python) = torch_python() else { return };
@@ -973,7 +975,7 @@ fn family_problems_compile_for_cuda_and_triton() {
     let cache = tempfile::tempdir().unwrap();
     let dir = tempfile::tempdir().unwrap();
     for target in ["cuda", "triton"] {
-        for id in 1..=16 {
+        for id in 1..=18 {
             let problem = format!("L1/{id}");
             let out_dir = dir.path().join(format!("{target}_{id}"));
             let out = common::optimize_family(target, id, &out_dir)
@@ -988,6 +990,10 @@ fn family_problems_compile_for_cuda_and_triton() {
                 ("triton", 2) => &["tl.atomic_max("],
                 ("triton", 3) => &["tl.atomic_min("],
                 (_, 13 | 14) => &[" 0 library call(s)"],
+                ("cuda", 17) => &["const bool* __restrict__ in1", "__int_as_float(0xff800000)"],
+                ("triton", 17) => &["float('-inf')"],
+                ("cuda", 18) => &[" > 5e-1f)", " 0 library call(s)"],
+                ("triton", 18) => &["tl.where(", " 0 library call(s)"],
                 _ => &[],
             };
             for want in wants {

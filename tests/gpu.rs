@@ -215,7 +215,8 @@ fn pooling_is_correct_staged_in_shared_memory_and_walked() {
 /// The problems of `tests/families` (one or more kernel families each:
 /// pointwise chains, sums, maxima and minima cut into runs combined
 /// atomically, argmax, logsumexp, softmax, norms, L1/L2 and Frobenius
-/// normalization, pools, scans, losses, a GEMM with its epilogue),
+/// normalization, pools, scans, losses, a GEMM with its epilogue, a
+/// causal masked_fill, a where on a comparison),
 /// optimized for `target` and judged by the worker against the PyTorch
 /// model: every judged variant correct.
 fn family_problems_are_correct(target: &str) {
@@ -226,7 +227,7 @@ fn family_problems_are_correct(target: &str) {
     // Every problem runs before the verdict, so that one run names all
     // the problems that fail.
     let mut failed = Vec::new();
-    for id in 1..=16 {
+    for id in 1..=18 {
         let problem = format!("L1/{id}");
         let out = dir.path().join(format!("{target}_{id}"));
         let (status, run) = common::optimize_family(target, id, &out).finish();

@@ -358,3 +358,112 @@ fn triu_and_tril_keep_elements_by_row_and_column() {
         assert!(e.0.contains("one element per thread"), "{e}");
     }
 }
+
+#[test]
+fn masked_fill_reads_its_mask_as_bools_and_fills_with_an_infinity() {
+    // MiniGPT's attention scores: `(q @ kᵀ) * scale` masked to -inf where
+    // the causal mask (a boolean [1, 1, T, T] from torch) holds.
+    let g = common::traced(3, "44_MiniGPTBlock");
+    let fill = g
+        .nodes()
+        .find(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Where { fill: Some(_) }))
+        .unwrap()
+        .0;
+    let scale = g.inputs(fill)[0].node;
+    for vector in [1, 4] {
+        let action = Action::kernel_for(
+            vec![scale.index() as u32, fill.index() as u32],
+            Params { block: 256, vector },
+        );
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f);
+        assert!(
+            f.source.contains("const bool* __restrict__ in1")
+                && f.source.contains("? __int_as_float(0xff800000) :"),
+            "{}",
+            f.source
+        );
+        if vector == 4 {
+            // The mask broadcasts over the heads: each lane reads its own
+            // byte, never a float4.
+            assert!(f.source.contains("bool v1_w = in1["), "{}", f.source);
+        }
+    }
+}
+
+#[test]
+fn a_boolean_input_is_refused_where_it_is_not_a_condition() {
+    use common::{input, node};
+    use mtmc_actions::op::{BinaryOp, Op};
+    let mut g = OpGraph::new();
+    let x = input(&mut g, "x", &[64], DType::F32);
+    let m = input(&mut g, "m", &[64], DType::Bool);
+    // where(m, x, m): the mask is also the value where it does not hold.
+    let w = node(
+        &mut g,
+        "w",
+        Op::Where { fill: None },
+        &[m, x, m],
+        &[64],
+        DType::F32,
+    );
+    let add = Op::Binary(BinaryOp::Add);
+    let y = node(&mut g, "y", add, &[w, x], &[64], DType::F32);
+    g.set_outputs(vec![y]);
+    let region = vec![w.node.index() as u32, y.node.index() as u32];
+    let action = Action::kernel_for(region, Params::default());
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap_err();
+    assert!(
+        e.0.contains("the boolean `m` is read other than as a where's condition"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_comparison_is_a_bool_that_only_a_where_reads() {
+    use common::{input, node};
+    use mtmc_actions::op::{BinaryOp, Op};
+    let full = [4, 64];
+    let mut g = OpGraph::new();
+    let x = input(&mut g, "x", &full, DType::F32);
+    let y = input(&mut g, "y", &full, DType::F32);
+    let gt = Op::Scalar {
+        op: BinaryOp::Gt,
+        value: 0.5,
+        scalar_first: false,
+    };
+    let gt = node(&mut g, "gt", gt, &[x], &full, DType::Bool);
+    let w = node(
+        &mut g,
+        "w",
+        Op::Where { fill: None },
+        &[gt, x, y],
+        &full,
+        DType::F32,
+    );
+    g.set_outputs(vec![w]);
+    let region = vec![gt.node.index() as u32, w.node.index() as u32];
+    for vector in [1, 4] {
+        let action = Action::kernel_for(region.clone(), Params { block: 256, vector });
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f);
+        let decl = format!("bool t{}", gt.node.index());
+        assert!(
+            f.source.contains(&decl) && f.source.contains("> 5e-1f)"),
+            "{}",
+            f.source
+        );
+    }
+    // The comparison alone would be a boolean result: left to torch.
+    let action = Action::kernel_for(vec![gt.node.index() as u32], Params::default());
+    let e = TemplateCoder
+        .realize(&Program::default(), &g, &action)
+        .unwrap_err();
+    assert!(e.0.contains("`gt` is a boolean result"), "{e}");
+}

@@ -22,6 +22,8 @@ use mtmc_coder::template::Refusal;
 use mtmc_coder::template::triton::TritonCoder;
 use mtmc_env::nvrtc::Arch;
 
+mod common;
+
 /// The Python with torch and triton, when this machine has one.
 fn python() -> Option<String> {
     let python = std::env::var("MTMC_TEST_PYTHON").ok();
@@ -154,6 +156,59 @@ fn triu_graph(shape: &[u64]) -> OpGraph {
     g
 }
 
+/// `exp(masked_fill(x * 2, m, -inf))` with `fill`, else
+/// `where(m, x * 2, b)`: `x` [6, 5, 33], the boolean `m` [5, 33]
+/// broadcast over the first dim, `b` [33].
+fn where_graph(fill: Option<f64>) -> OpGraph {
+    use common::{input, node};
+    let mut g = OpGraph::new();
+    let full = [6, 5, 33];
+    let x = input(&mut g, "x", &full, DType::F32);
+    let m = input(&mut g, "m", &[5, 33], DType::Bool);
+    let twice = node(&mut g, "twice", twice(), &[x], &full, DType::F32);
+    let out = if let Some(v) = fill {
+        let w = Op::Where { fill: Some(v) };
+        let w = node(&mut g, "w", w, &[twice, m], &full, DType::F32);
+        let exp = Op::Unary(mtmc_actions::op::UnaryOp::Exp);
+        node(&mut g, "e", exp, &[w], &full, DType::F32)
+    } else {
+        let b = input(&mut g, "b", &[33], DType::F32);
+        let w = Op::Where { fill: None };
+        node(&mut g, "w", w, &[m, twice, b], &full, DType::F32)
+    };
+    g.set_outputs(vec![out]);
+    g
+}
+
+/// `x * 2`.
+fn twice() -> Op {
+    Op::Scalar {
+        op: mtmc_actions::op::BinaryOp::Mul,
+        value: 2.0,
+        scalar_first: false,
+    }
+}
+
+/// `where(x * 2 > 2, x, b)`: `x` [7, 40], `b` [40].
+fn compared_graph() -> OpGraph {
+    use common::{input, node};
+    let mut g = OpGraph::new();
+    let full = [7, 40];
+    let x = input(&mut g, "x", &full, DType::F32);
+    let b = input(&mut g, "b", &[40], DType::F32);
+    let twice = node(&mut g, "twice", twice(), &[x], &full, DType::F32);
+    let gt = Op::Scalar {
+        op: mtmc_actions::op::BinaryOp::Gt,
+        value: 2.0,
+        scalar_first: false,
+    };
+    let gt = node(&mut g, "gt", gt, &[twice], &full, DType::Bool);
+    let w = Op::Where { fill: None };
+    let w = node(&mut g, "w", w, &[gt, x, b], &full, DType::F32);
+    g.set_outputs(vec![w]);
+    g
+}
+
 /// `x` of `shape` pooled by `pool` to `out`.
 fn pool_graph(shape: &[u64], out: &[u64], pool: Pool) -> OpGraph {
     let mut g = OpGraph::new();
@@ -229,6 +284,12 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
             ),
         ),
         ("triu", triu_graph(&[3, 17, 19])),
+        (
+            "masked_fill with -inf",
+            where_graph(Some(f64::NEG_INFINITY)),
+        ),
+        ("where", where_graph(None)),
+        ("where of a comparison", compared_graph()),
         ("sum of rows", graph("y = sum(x, dim=-1)", "x=37x300")),
         (
             "max over a middle dim",
@@ -540,17 +601,19 @@ fn triton_programs_compute_what_torch_computes_in_the_interpreter() {
         );
         std::fs::write(&tf, &triton).unwrap();
         std::fs::write(&rf, &reference).unwrap();
-        // Float inputs in [0.5, 1.5); int64 ones (class targets) 0 or 1.
+        // Float inputs in [0.5, 1.5); int64 ones (class targets) 0 or 1;
+        // booleans (masks) true about half the time.
         let shapes: Vec<String> = g
             .nodes()
             .filter(|(_, n)| matches!(n.op, Op::Input { .. }))
             .map(|(_, n)| {
                 let t = &n.outputs[0];
-                if t.dtype == DType::I64 {
-                    format!("('i', {:?})", t.shape)
-                } else {
-                    format!("('f', {:?})", t.shape)
-                }
+                let kind = match t.dtype {
+                    DType::I64 => 'i',
+                    DType::Bool => 'b',
+                    _ => 'f',
+                };
+                format!("('{kind}', {:?})", t.shape)
             })
             .collect();
         checks += &format!(
@@ -561,7 +624,7 @@ fn triton_programs_compute_what_torch_computes_in_the_interpreter() {
         );
     }
     let script = format!(
-        "import os\nos.environ['TRITON_INTERPRET'] = '1'\nimport runpy, torch\nbad = []\ndef check(what, tf, rf, shapes):\n    torch.manual_seed(0)\n    args = [torch.randint(0, 2, s) if k == 'i' else torch.rand(*s) + 0.5 for k, s in shapes]\n    got = runpy.run_path(tf)['ModelNew']()(*args)\n    want = runpy.run_path(rf)['ModelNew']()(*args)\n    if got.shape != want.shape or got.dtype != want.dtype:\n        bad.append(f'{{what}}: {{got.shape}} {{got.dtype}} vs {{want.shape}} {{want.dtype}}')\n    elif got.dtype == torch.int64:\n        if not torch.equal(got, want): bad.append(f'{{what}}: indices differ')\n    elif not torch.allclose(got, want, atol=1e-4, rtol=1e-4):\n        bad.append(f'{{what}}: max error {{(got - want).abs().max().item()}}')\n{checks}print('bad:', bad)\nassert not bad\n"
+        "import os\nos.environ['TRITON_INTERPRET'] = '1'\nimport runpy, torch\nbad = []\ndef check(what, tf, rf, shapes):\n    torch.manual_seed(0)\n    args = [torch.randint(0, 2, s) if k == 'i' else torch.rand(*s) > 0.5 if k == 'b' else torch.rand(*s) + 0.5 for k, s in shapes]\n    got = runpy.run_path(tf)['ModelNew']()(*args)\n    want = runpy.run_path(rf)['ModelNew']()(*args)\n    if got.shape != want.shape or got.dtype != want.dtype:\n        bad.append(f'{{what}}: {{got.shape}} {{got.dtype}} vs {{want.shape}} {{want.dtype}}')\n    elif got.dtype == torch.int64:\n        if not torch.equal(got, want): bad.append(f'{{what}}: indices differ')\n    elif not torch.allclose(got, want, atol=1e-4, rtol=1e-4):\n        bad.append(f'{{what}}: max error {{(got - want).abs().max().item()}}')\n{checks}print('bad:', bad)\nassert not bad\n"
     );
     let out = std::process::Command::new(&python)
         .args(["-c", &script])

@@ -83,12 +83,18 @@ fn f32_input(
     Ok(input)
 }
 
-/// A float literal CUDA reads back exactly (as f32).
+/// A float literal CUDA reads back exactly (as f32); an infinity as its
+/// bits.
 fn lit(v: f64) -> Result<String, Refusal> {
-    if !v.is_finite() {
+    if v.is_nan() {
         return Err(Refusal::new(format!(
             "the constant {v} has no float literal"
         )));
+    }
+    if v.is_infinite() {
+        // No literal: the bits of an IEEE infinity (device code).
+        let bits = if v > 0.0 { "0x7f800000" } else { "0xff800000" };
+        return Ok(format!("__int_as_float({bits})"));
     }
     Ok(format!("{:e}f", v as f32))
 }

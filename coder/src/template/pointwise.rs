@@ -88,12 +88,8 @@ fn binary(b: BinaryOp, x: &str, y: &str) -> Result<String, Refusal> {
         BinaryOp::Pow => format!("powf({x}, {y})"),
         BinaryOp::Maximum => format!("fmaxf({x}, {y})"),
         BinaryOp::Minimum => format!("fminf({x}, {y})"),
-        other => {
-            return Err(Refusal::new(format!(
-                "the comparison `{}` makes a boolean tensor; only float32 chains are generated",
-                other.symbol()
-            )));
-        }
+        // A `bool`, which only a where reads (see `conditions`).
+        cmp => format!("({x} {} {y})", cmp.symbol()),
     })
 }
 
@@ -179,6 +175,9 @@ fn node_expr(g: &OpGraph, n: NodeId, ins: &[String], full: &[u64]) -> Result<Str
             let keep = if *upper { ">=" } else { "<=" };
             format!("(c{col} - c{row} {keep} {diagonal}LL) ? {} : 0.0f", ins[0])
         }
+        // masked_fill(x, mask, fill): the fill where the mask holds.
+        Op::Where { fill: Some(v) } => format!("({} ? {} : {})", ins[1], lit(*v)?, ins[0]),
+        Op::Where { fill: None } => format!("({} ? {} : {})", ins[0], ins[1], ins[2]),
         other => {
             return Err(Refusal::new(format!(
                 "`{}` ({other}) is not a pointwise op this template writes",
@@ -469,6 +468,79 @@ pub(crate) fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<T
     (inputs, outputs)
 }
 
+/// Whether node `n` reads tensor `t` only as a `where`'s condition (a
+/// `masked_fill`'s mask), or not at all.
+fn reads_as_condition(g: &OpGraph, n: NodeId, t: TensorRef) -> bool {
+    g.inputs(n).iter().enumerate().all(|(slot, &i)| {
+        i != t
+            || matches!(
+                (&g.node(n).op, slot),
+                (Op::Where { fill: Some(_) }, 1) | (Op::Where { fill: None }, 0)
+            )
+    })
+}
+
+/// Whether node `n` is a comparison (`x > 0.5`, `a == b`): a boolean
+/// value a kernel keeps as a `bool`.
+fn comparison(g: &OpGraph, n: NodeId) -> bool {
+    match g.node(n).op {
+        Op::Binary(b) | Op::Scalar { op: b, .. } => b.is_comparison(),
+        _ => false,
+    }
+}
+
+/// Which of `region`'s `inputs` are booleans. A boolean, a region's
+/// input or a comparison inside it, is read only as a `where`'s condition
+/// (a `masked_fill`'s mask), which a kernel keeps as a `bool`, and is no
+/// result of the region; any other input or result that is not float32 is
+/// refused.
+pub(super) fn conditions(
+    g: &OpGraph,
+    region: &[NodeId],
+    inputs: &[TensorRef],
+) -> Result<Vec<bool>, Refusal> {
+    let (_, outputs) = boundary(g, region);
+    let only_conditions = |t: TensorRef| {
+        if region.iter().all(|&n| reads_as_condition(g, n, t)) {
+            Ok(())
+        } else {
+            Err(Refusal::new(format!(
+                "the boolean `{}` is read other than as a where's condition",
+                g.node(t.node).name
+            )))
+        }
+    };
+    for &n in region {
+        let t = TensorRef::first(n);
+        let dtype = g.tensor(t).dtype;
+        if dtype == DType::Bool && comparison(g, n) {
+            if outputs.contains(&t) {
+                return Err(Refusal::new(format!(
+                    "`{}` is a boolean result: kernels write float32 (leave the comparison to torch)",
+                    g.node(n).name
+                )));
+            }
+            only_conditions(t)?;
+        } else if dtype != DType::F32 {
+            return Err(Refusal::new(format!("`{}` is not float32", g.node(n).name)));
+        }
+    }
+    let mut out = Vec::new();
+    for &t in inputs {
+        let condition = g.tensor(t).dtype == DType::Bool;
+        if condition {
+            only_conditions(t)?;
+        } else if g.tensor(t).dtype != DType::F32 {
+            return Err(Refusal::new(format!(
+                "input `{}` is not float32",
+                g.node(t.node).name
+            )));
+        }
+        out.push(condition);
+    }
+    Ok(out)
+}
+
 /// Generates the fused kernel for `action`'s region.
 pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusal> {
     let region = action.nodes();
@@ -479,15 +551,16 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         let node = g.node(n);
         if !matches!(
             node.op,
-            Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. } | Op::Triangular { .. }
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Scalar { .. }
+                | Op::Where { .. }
+                | Op::Triangular { .. }
         ) {
             return Err(Refusal::new(format!(
                 "`{}` ({}) is not a pointwise op this template writes",
                 node.name, node.op
             )));
-        }
-        if node.outputs.iter().any(|t| t.dtype != DType::F32) {
-            return Err(Refusal::new(format!("`{}` is not float32", node.name)));
         }
     }
     let (inputs, outputs) = boundary(g, &region);
@@ -511,14 +584,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             )));
         }
     }
-    for &t in &inputs {
-        if g.tensor(t).dtype != DType::F32 {
-            return Err(Refusal::new(format!(
-                "input `{}` is not float32",
-                g.node(t.node).name
-            )));
-        }
-    }
+    let conditions = conditions(g, &region, &inputs)?;
     let numel: u64 = full.iter().product();
     let Params { block, vector } = action.params;
     if ![32, 64, 128, 256, 512, 1024].contains(&block) {
@@ -567,10 +633,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         region.len(),
         numel
     );
+    let scalar = |k: usize| if conditions[k] { "bool" } else { "float" };
     let params: Vec<String> = inputs
         .iter()
         .enumerate()
-        .map(|(k, _)| format!("const float* __restrict__ in{k}"))
+        .map(|(k, _)| format!("const {}* __restrict__ in{k}", scalar(k)))
         .chain((0..outputs.len()).map(|k| format!("float* __restrict__ out{k}")))
         .chain(["long long n".to_string()])
         .collect();
@@ -646,9 +713,18 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let mut lane_names: Vec<Vec<String>> = Vec::new();
     for (k, off) in offsets.iter().enumerate() {
         let full_shape = shape(g, inputs[k]) == full;
+        let ty = scalar(k);
         if vector == 1 {
-            let _ = writeln!(src, "        float v{k} = in{k}[{off}];");
+            let _ = writeln!(src, "        {ty} v{k} = in{k}[{off}];");
             lane_names.push(vec![format!("v{k}")]);
+        } else if full_shape && conditions[k] {
+            // Booleans lane by lane (a byte each: no float-wide load).
+            let mut names = Vec::new();
+            for (l, lane) in lanes.iter().enumerate() {
+                let _ = writeln!(src, "        bool v{k}_{lane} = in{k}[i * {vector} + {l}];");
+                names.push(format!("v{k}_{lane}"));
+            }
+            lane_names.push(names);
         } else if full_shape {
             let _ = writeln!(
                 src,
@@ -662,7 +738,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                 .filter(|&d| rename_coord(off, d, "@") != *off)
                 .collect();
             if used.iter().all(|&d| shared(d)) {
-                let _ = writeln!(src, "        float v{k} = in{k}[{off}];");
+                let _ = writeln!(src, "        {ty} v{k} = in{k}[{off}];");
                 lane_names.push(vec![format!("v{k}"); lanes.len()]);
             } else {
                 let mut names = Vec::new();
@@ -673,7 +749,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
                             lane_off = rename_coord(&lane_off, d, &format!("c{d}_{lane}"));
                         }
                     }
-                    let _ = writeln!(src, "        float v{k}_{lane} = in{k}[{lane_off}];");
+                    let _ = writeln!(src, "        {ty} v{k}_{lane} = in{k}[{lane_off}];");
                     names.push(format!("v{k}_{lane}"));
                 }
                 lane_names.push(names);
@@ -696,7 +772,12 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
             let expr = node_expr(g, n, &ins, &full)?;
             let var = format!("t{}{suffix}", n.index());
-            let _ = writeln!(src, "        float {var} = {expr};");
+            let ty = if g.tensor(TensorRef::first(n)).dtype == DType::Bool {
+                "bool"
+            } else {
+                "float"
+            };
+            let _ = writeln!(src, "        {ty} {var} = {expr};");
             names.insert(TensorRef::first(n), var);
         }
         results.push(names);

@@ -177,10 +177,13 @@ fn warps(action: &Action) -> Result<u32, Refusal> {
 
 /// A Python float literal that reads back as the same float32.
 fn lit(v: f64) -> Result<String, Refusal> {
-    if !v.is_finite() {
+    if v.is_nan() {
         return Err(Refusal::new(format!(
             "the constant {v} has no float literal"
         )));
+    }
+    if v.is_infinite() {
+        return Ok(format!("float('{}inf')", if v > 0.0 { "" } else { "-" }));
     }
     let s = format!("{:?}", v as f32);
     Ok(if s.contains(['.', 'e', 'E']) {
@@ -306,12 +309,8 @@ fn binary(b: BinaryOp, x: &str, y: &str) -> Result<String, Refusal> {
                 "a tensor raised to a tensor has no Triton template (only constant exponents)",
             ));
         }
-        other => {
-            return Err(Refusal::new(format!(
-                "the comparison `{}` makes a boolean tensor; only float32 chains are generated",
-                other.symbol()
-            )));
-        }
+        // An int1, which only a where reads (see `pointwise::conditions`).
+        cmp => format!("({x} {} {y})", cmp.symbol()),
     })
 }
 
@@ -358,6 +357,9 @@ fn node_expr(g: &OpGraph, n: NodeId, ins: &[String], full: &[u64]) -> Result<Str
                 ins[0]
             )
         }
+        // masked_fill(x, mask, fill): the fill where the mask holds.
+        Op::Where { fill: Some(v) } => format!("tl.where({}, {}, {})", ins[1], lit(*v)?, ins[0]),
+        Op::Where { fill: None } => format!("tl.where({}, {}, {})", ins[0], ins[1], ins[2]),
         other => {
             return Err(Refusal::new(format!(
                 "`{}` ({other}) is not a pointwise op this template writes",
@@ -429,9 +431,15 @@ fn chain_lines(
         names.insert(t, var.to_string());
     }
     for (k, (&t, off)) in inputs.iter().zip(&offsets).enumerate() {
+        // A boolean (a where's condition) loads as int1.
+        let other = if g.tensor(t).dtype == DType::Bool {
+            "0"
+        } else {
+            "0.0"
+        };
         let _ = writeln!(
             src,
-            "{indent}v{k} = tl.load({} + {off}, mask=m, other=0.0)",
+            "{indent}v{k} = tl.load({} + {off}, mask=m, other={other})",
             ptrs[k]
         );
         names.insert(t, format!("v{k}"));
@@ -445,21 +453,23 @@ fn chain_lines(
     Ok((src, names))
 }
 
-/// Checks that `region` is float32 pointwise ops that broadcast to `full`.
+/// Checks that `region` is pointwise ops that broadcast to `full`, float32
+/// but for comparisons and boolean inputs read as a where's condition.
 fn check_pointwise(g: &OpGraph, region: &[NodeId], full: &[u64]) -> Result<(), Refusal> {
     for &n in region {
         let node = g.node(n);
         if !matches!(
             node.op,
-            Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. } | Op::Triangular { .. }
+            Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Scalar { .. }
+                | Op::Where { .. }
+                | Op::Triangular { .. }
         ) {
             return Err(Refusal::new(format!(
                 "`{}` ({}) is not a pointwise op this template writes",
                 node.name, node.op
             )));
-        }
-        if node.outputs.iter().any(|t| t.dtype != DType::F32) {
-            return Err(Refusal::new(format!("`{}` is not float32", node.name)));
         }
         if !broadcasts(&shape(g, TensorRef::first(n)), full) {
             return Err(Refusal::new(format!(
@@ -475,6 +485,7 @@ fn check_pointwise(g: &OpGraph, region: &[NodeId], full: &[u64]) -> Result<(), R
             ));
         }
     }
+    super::pointwise::conditions(g, region, &boundary(g, region).0)?;
     Ok(())
 }
 
@@ -503,12 +514,6 @@ fn pointwise(g: &OpGraph, action: &Action, name: &str, warps: u32) -> Result<Fra
         )));
     }
     check_pointwise(g, &region, &full)?;
-    if let Some(t) = inputs.iter().find(|&&t| g.tensor(t).dtype != DType::F32) {
-        return Err(Refusal::new(format!(
-            "input `{}` is not float32",
-            g.node(t.node).name
-        )));
-    }
     let vector = action.params.vector;
     vector_width(vector)?;
     let numel: u64 = full.iter().product();

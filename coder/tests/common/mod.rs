@@ -1,6 +1,8 @@
 //! Helpers shared by the coder's tests.
 
-use mtmc_actions::graph::OpGraph;
+use mtmc_actions::DType;
+use mtmc_actions::dtype::TensorType;
+use mtmc_actions::graph::{OpGraph, TensorRef};
 use mtmc_actions::op::Op;
 use mtmc_coder::MicroCoder;
 use mtmc_coder::action::{Action, ActionKind, Params};
@@ -76,4 +78,26 @@ pub fn compiles(f: &Fragment, what: &str) {
     )
     .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
     assert!(r.ok, "{what}: {}\n{}", r.log, f.source);
+}
+
+/// Adds node `name`, `op` of `ins` with one output of `shape` and
+/// `dtype`; that output.
+#[allow(dead_code)]
+pub fn node(
+    g: &mut OpGraph,
+    name: &str,
+    op: Op,
+    ins: &[TensorRef],
+    shape: &[u64],
+    dtype: DType,
+) -> TensorRef {
+    let t = TensorType::new(shape.to_vec(), dtype);
+    TensorRef::first(g.add(name, op, ins, vec![t]).unwrap())
+}
+
+/// Adds the graph input `name` of `shape` and `dtype`.
+#[allow(dead_code)]
+pub fn input(g: &mut OpGraph, name: &str, shape: &[u64], dtype: DType) -> TensorRef {
+    let op = Op::Input { name: name.into() };
+    node(g, name, op, &[], shape, dtype)
 }
