@@ -316,11 +316,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         None
     };
     let mut judge = ProblemJudge::new(gpu, req.timeout, false, req.strict);
-    let mut results = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&results_path)
-        .with_context(|| format!("cannot open `{}`", results_path.display()))?;
+    let mut results = super::open_to_append(&results_path)?;
     let bar = crate::fmt::progress_bar(todo.len() as u64);
     for p in &todo {
         bar.set_message(p.full_name());

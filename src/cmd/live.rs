@@ -312,11 +312,7 @@ fn judge_left(
     std::fs::create_dir_all(&best_dir)
         .with_context(|| format!("cannot create `{}`", best_dir.display()))?;
     let path = out_dir.join(SIDE_BY_SIDE);
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("cannot open `{}`", path.display()))?;
+    let mut file = super::open_to_append(&path)?;
     let bar = crate::fmt::progress_bar(todo.len() as u64);
     // Each folder's steps, opened once (a reused episode's are in its
     // pass's folder).
@@ -511,11 +507,7 @@ struct Episodes {
 
 impl Episodes {
     fn open(path: &Path) -> Result<Episodes> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("cannot open `{}`", path.display()))?;
+        let file = super::open_to_append(path)?;
         Ok(Episodes {
             path: path.to_path_buf(),
             file,

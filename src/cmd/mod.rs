@@ -12,3 +12,14 @@ pub mod paired;
 pub mod plan;
 pub mod problems;
 pub mod show;
+
+/// `path` opened to append lines to (created when missing): the files a
+/// resumable command keeps its finished results in, a line each.
+pub(crate) fn open_to_append(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use anyhow::Context as _;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open `{}`", path.display()))
+}
