@@ -990,8 +990,13 @@ fn family_problems_compile_for_cuda_and_triton() {
                 ("triton", 2) => &["tl.atomic_max("],
                 ("triton", 3) => &["tl.atomic_min("],
                 (_, 13 | 14) => &[" 0 library call(s)"],
-                ("cuda", 17) => &["const bool* __restrict__ in1", "__int_as_float(0xff800000)"],
-                ("triton", 17) => &["float('-inf')"],
+                // The mask and the scaling fused in front of the softmax.
+                ("cuda", 17) => &[
+                    "const bool* __restrict__ px1",
+                    "#define MTMC_PROLOGUE",
+                    "__int_as_float(0xff800000)",
+                ],
+                ("triton", 17) => &["float('-inf')", "2 pointwise op(s) fused in front of"],
                 ("cuda", 18) => &[" > 5e-1f)", " 0 library call(s)"],
                 ("triton", 18) => &["tl.where(", " 0 library call(s)"],
                 _ => &[],

@@ -4,7 +4,7 @@
 //! a program renders to a launch plan that fits its graph.
 
 use mtmc_actions::DType;
-use mtmc_actions::graph::OpGraph;
+use mtmc_actions::graph::{NodeId, OpGraph};
 use mtmc_actions::intent::{Bindings, compile, parse_shapes};
 use mtmc_coder::MicroCoder;
 use mtmc_coder::action::{Action, ActionKind, Params};
@@ -359,10 +359,9 @@ fn triu_and_tril_keep_elements_by_row_and_column() {
     }
 }
 
-#[test]
-fn masked_fill_reads_its_mask_as_bools_and_fills_with_an_infinity() {
-    // MiniGPT's attention scores: `(q @ kᵀ) * scale` masked to -inf where
-    // the causal mask (a boolean [1, 1, T, T] from torch) holds.
+/// MiniGPT's traced graph, its scaling of the attention scores and the
+/// masked_fill after it.
+fn minigpt_mask() -> (OpGraph, NodeId, NodeId) {
     let g = common::traced(3, "44_MiniGPTBlock");
     let fill = g
         .nodes()
@@ -370,6 +369,14 @@ fn masked_fill_reads_its_mask_as_bools_and_fills_with_an_infinity() {
         .unwrap()
         .0;
     let scale = g.inputs(fill)[0].node;
+    (g, scale, fill)
+}
+
+#[test]
+fn masked_fill_reads_its_mask_as_bools_and_fills_with_an_infinity() {
+    // MiniGPT's attention scores: `(q @ kᵀ) * scale` masked to -inf where
+    // the causal mask (a boolean [1, 1, T, T] from torch) holds.
+    let (g, scale, fill) = minigpt_mask();
     for vector in [1, 4] {
         let action = Action::kernel_for(
             vec![scale.index() as u32, fill.index() as u32],
@@ -466,4 +473,72 @@ fn a_comparison_is_a_bool_that_only_a_where_reads() {
         .realize(&Program::default(), &g, &action)
         .unwrap_err();
     assert!(e.0.contains("`gt` is a boolean result"), "{e}");
+}
+
+#[test]
+fn a_masked_fill_is_fused_in_front_of_the_softmax_reading_it() {
+    // MiniGPT's scores scaled and masked to -inf, then softmax: one row
+    // kernel whose loads compute the chain, reading the mask as bools.
+    let (g, scale, fill) = minigpt_mask();
+    let softmax = g.consumers(fill)[0];
+    assert!(matches!(
+        g.node(softmax).op,
+        mtmc_actions::op::Op::Softmax { .. }
+    ));
+    let region: Vec<u32> = [scale, fill, softmax]
+        .iter()
+        .map(|n| n.index() as u32)
+        .collect();
+    for block in [128, 512] {
+        let action = Action::kernel_for(region.clone(), Params { block, vector: 1 });
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f);
+        assert_eq!(f.region.len(), 3, "{}", f.source);
+        assert!(
+            f.source.contains("const bool* __restrict__ px1")
+                && f.source.contains("bool v1 = px1[")
+                && f.source.contains("#define MTMC_PROLOGUE"),
+            "{}",
+            f.source
+        );
+    }
+}
+
+#[test]
+fn a_gemm_epilogue_reads_a_mask_as_bools() {
+    use common::{input, node};
+    use mtmc_actions::op::{BinaryOp, MatMul, Op};
+    // masked_fill(x @ wᵀ, m, 0) * 2, the mask broadcast over the rows.
+    let mut g = OpGraph::new();
+    let x = input(&mut g, "x", &[256, 512], DType::F32);
+    let w = input(&mut g, "w", &[384, 512], DType::F32);
+    let m = input(&mut g, "m", &[384], DType::Bool);
+    let product = Op::MatMul(MatMul {
+        trans_a: false,
+        trans_b: true,
+        bias: false,
+    });
+    let full = [256, 384];
+    let xw = node(&mut g, "xw", product, &[x, w], &full, DType::F32);
+    let fill = Op::Where { fill: Some(0.0) };
+    let filled = node(&mut g, "filled", fill, &[xw, m], &full, DType::F32);
+    let twice = Op::Scalar {
+        op: BinaryOp::Mul,
+        value: 2.0,
+        scalar_first: false,
+    };
+    let y = node(&mut g, "y", twice, &[filled], &full, DType::F32);
+    g.set_outputs(vec![y]);
+    let f = common::realize_with_rest(&g, |op| matches!(op, Op::MatMul(_))).unwrap();
+    compiles(&f);
+    assert_eq!(f.inputs.len(), 3);
+    assert!(
+        f.source.contains("mma.sync.aligned.m16n8k8")
+            && f.source.contains("const bool* __restrict__ pe0")
+            && f.source.contains("bool v0 = pe0["),
+        "{}",
+        f.source
+    );
 }

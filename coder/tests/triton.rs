@@ -180,6 +180,47 @@ fn where_graph(fill: Option<f64>) -> OpGraph {
     g
 }
 
+/// `softmax(masked_fill(x * 2, m, -inf), dim=-1)`: the masked_fill a
+/// prologue of the softmax, `x` [6, 5, 33], the boolean `m` [5, 33].
+fn masked_softmax_graph() -> OpGraph {
+    use common::{input, node};
+    let mut g = OpGraph::new();
+    let full = [6, 5, 33];
+    let x = input(&mut g, "x", &full, DType::F32);
+    let m = input(&mut g, "m", &[5, 33], DType::Bool);
+    let twice = node(&mut g, "twice", twice(), &[x], &full, DType::F32);
+    let fill = Op::Where {
+        fill: Some(f64::NEG_INFINITY),
+    };
+    let w = node(&mut g, "w", fill, &[twice, m], &full, DType::F32);
+    let softmax = Op::Softmax { dim: 2, log: false };
+    let y = node(&mut g, "y", softmax, &[w], &full, DType::F32);
+    g.set_outputs(vec![y]);
+    g
+}
+
+/// `masked_fill(a @ b, m, -1) * 2`: `a` [3, 20, 40], `b` [3, 40, 30], the
+/// boolean `m` [20, 30], read in the GEMM's epilogue.
+fn masked_gemm_graph() -> OpGraph {
+    use common::{input, node};
+    let mut g = OpGraph::new();
+    let a = input(&mut g, "a", &[3, 20, 40], DType::F32);
+    let b = input(&mut g, "b", &[3, 40, 30], DType::F32);
+    let m = input(&mut g, "m", &[20, 30], DType::Bool);
+    let full = [3, 20, 30];
+    let product = Op::MatMul(mtmc_actions::op::MatMul {
+        trans_a: false,
+        trans_b: false,
+        bias: false,
+    });
+    let ab = node(&mut g, "ab", product, &[a, b], &full, DType::F32);
+    let fill = Op::Where { fill: Some(-1.0) };
+    let w = node(&mut g, "w", fill, &[ab, m], &full, DType::F32);
+    let y = node(&mut g, "y", twice(), &[w], &full, DType::F32);
+    g.set_outputs(vec![y]);
+    g
+}
+
 /// `x * 2`.
 fn twice() -> Op {
     Op::Scalar {
@@ -290,6 +331,11 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
         ),
         ("where", where_graph(None)),
         ("where of a comparison", compared_graph()),
+        (
+            "masked_fill fused in front of a softmax",
+            masked_softmax_graph(),
+        ),
+        ("a GEMM's epilogue reading a mask", masked_gemm_graph()),
         ("sum of rows", graph("y = sum(x, dim=-1)", "x=37x300")),
         (
             "max over a middle dim",

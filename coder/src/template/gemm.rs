@@ -348,8 +348,8 @@ impl Fused {
         if self.bias.is_some() {
             params.push("const float* __restrict__ bias".into());
         }
-        for k in 0..self.epi_inputs().len() {
-            params.push(format!("const float* __restrict__ pe{k}"));
+        if let Some(e) = &self.epi {
+            params.extend(e.params.iter().cloned());
         }
         params.push("float* __restrict__ out".into());
         format!(

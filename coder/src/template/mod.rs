@@ -210,9 +210,7 @@ fn fuse_epilogue(
         )));
     }
     // The chain's inputs come after the kernel's own, before `y`.
-    let params: String = (0..epi.inputs.len())
-        .map(|k| format!("const float* __restrict__ pe{k}, "))
-        .collect();
+    let params: String = epi.params.iter().map(|p| format!("{p}, ")).collect();
     let args: String = (0..epi.inputs.len()).map(|k| format!(", pe{k}")).collect();
     let name = &f.name;
     // A chain that reads the kernel's input at `i` takes it from the
@@ -265,9 +263,7 @@ fn fuse_prologue(
     if !f.source.contains(decl) {
         return Err(Refusal::new(format!("{} has no input `x`", f.name)));
     }
-    let params: Vec<String> = (0..pro.inputs.len())
-        .map(|k| format!("const float* __restrict__ px{k},"))
-        .collect();
+    let params: Vec<String> = pro.params.iter().map(|p| format!("{p},")).collect();
     let args: Vec<String> = (0..pro.inputs.len()).map(|k| format!("px{k}")).collect();
     f.source = format!(
         "{}{}",

@@ -195,26 +195,43 @@ pub struct Prologue {
     pub source: String,
     /// The chain's inputs, in parameter order.
     pub inputs: Vec<TensorRef>,
+    /// The kernel parameters reading them (`const float* __restrict__
+    /// px0`; a boolean, a where's condition, as `const bool*`).
+    pub params: Vec<String>,
     /// The tensor it stands for.
     pub output: TensorRef,
 }
 
-/// Refuses a chain with an op other than float32 unary, binary and
-/// scalar ops, which a chain fused `place` a kernel is made of.
+/// Refuses a chain with an op other than unary, binary, scalar ops and
+/// wheres, which a chain fused `place` a kernel is made of: float32 but
+/// for the booleans a where's condition reads (`conditions`).
 fn fusable_chain(g: &OpGraph, chain: &[NodeId], place: &str) -> Result<(), Refusal> {
     for &n in chain {
         let node = g.node(n);
-        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. }) {
+        if !matches!(
+            node.op,
+            Op::Unary(_) | Op::Binary(_) | Op::Scalar { .. } | Op::Where { .. }
+        ) {
             return Err(Refusal::new(format!(
                 "`{}` ({}) cannot be fused {place} a kernel",
                 node.name, node.op
             )));
         }
-        if node.outputs[0].dtype != DType::F32 {
-            return Err(Refusal::new(format!("`{}` is not float32", node.name)));
-        }
     }
     Ok(())
+}
+
+/// The kernel parameters `{ptr}0`, … reading a chain's `inputs`: a
+/// boolean (`conditions`) as `const bool*`, the rest `const float*`.
+fn pointer_params(conditions: &[bool], ptr: &str) -> Vec<String> {
+    conditions
+        .iter()
+        .enumerate()
+        .map(|(k, &c)| {
+            let ty = if c { "bool" } else { "float" };
+            format!("const {ty}* __restrict__ {ptr}{k}")
+        })
+        .collect()
 }
 
 /// The prologue for `chain`, whose only result must be read by nothing
@@ -249,15 +266,8 @@ pub fn prologue(
             )));
         }
     }
-    if let Some(t) = inputs.iter().find(|&&t| g.tensor(t).dtype != DType::F32) {
-        return Err(Refusal::new(format!(
-            "input `{}` is not float32",
-            g.node(t.node).name
-        )));
-    }
-    let params: Vec<String> = (0..inputs.len())
-        .map(|k| format!("const float* __restrict__ px{k}"))
-        .collect();
+    let conditions = conditions(g, chain, &inputs)?;
+    let params = pointer_params(&conditions, "px");
     let mut src = String::new();
     let _ = writeln!(
         src,
@@ -269,11 +279,12 @@ pub fn prologue(
         "__device__ __forceinline__ float {name}_x(long long i, {}) {{",
         params.join(", ")
     );
-    src += &chain_lines(g, chain, &inputs, None, None, "px", &full)?;
+    src += &chain_lines(g, chain, &inputs, &conditions, (None, None), "px", &full)?;
     let _ = writeln!(src, "    return t{};\n}}", output.node.index());
     Ok(Prologue {
         source: src,
         inputs,
+        params,
         output,
     })
 }
@@ -292,14 +303,15 @@ fn coord(index: &str, inner: u64, extent: u64, full: &[u64]) -> String {
 
 /// The body of a device function computing element `i` of `chain`'s
 /// values at the flat offsets of `full`: input `k` read through pointer
-/// `{ptr}{k}`, except `given`, whose value is `v`; node `n`'s value is
-/// `t{n}`.
+/// `{ptr}{k}` (a `bool` where `conditions[k]`), except `given`, whose
+/// value is `v`, and `raw`, whose value is `xv`; node `n`'s value is
+/// `t{n}` (a `bool` for a comparison).
 fn chain_lines(
     g: &OpGraph,
     chain: &[NodeId],
     inputs: &[TensorRef],
-    given: Option<TensorRef>,
-    raw: Option<TensorRef>,
+    conditions: &[bool],
+    (given, raw): (Option<TensorRef>, Option<TensorRef>),
     ptr: &str,
     full: &[u64],
 ) -> Result<String, Refusal> {
@@ -327,13 +339,19 @@ fn chain_lines(
         names.insert(t, "xv".into());
     }
     for (k, (&t, off)) in inputs.iter().zip(&offsets).enumerate() {
-        let _ = writeln!(src, "    float v{k} = {ptr}{k}[{off}];");
+        let ty = if conditions[k] { "bool" } else { "float" };
+        let _ = writeln!(src, "    {ty} v{k} = {ptr}{k}[{off}];");
         names.insert(t, format!("v{k}"));
     }
     for &n in chain {
         let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
         let var = format!("t{}", n.index());
-        let _ = writeln!(src, "    float {var} = {};", node_expr(g, n, &ins, full)?);
+        let ty = if g.tensor(TensorRef::first(n)).dtype == DType::Bool {
+            "bool"
+        } else {
+            "float"
+        };
+        let _ = writeln!(src, "    {ty} {var} = {};", node_expr(g, n, &ins, full)?);
         names.insert(TensorRef::first(n), var);
     }
     Ok(src)
@@ -351,6 +369,9 @@ pub struct Epilogue {
     /// The chain's inputs other than `given` (and the kernel's input
     /// when it comes as `xv`), in parameter order.
     pub inputs: Vec<TensorRef>,
+    /// The kernel parameters reading them (`const float* __restrict__
+    /// pe0`; a boolean, a where's condition, as `const bool*`).
+    pub params: Vec<String>,
     /// Whether the function takes the kernel's input value `xv`.
     pub raw: bool,
     /// The chain's result, which the fused kernel writes.
@@ -394,19 +415,22 @@ pub fn epilogue(
         .filter(|&t| t != given && Some(t) != raw)
         .collect();
     for &t in &inputs {
-        if g.tensor(t).dtype != DType::F32 || !broadcasts(&shape(g, t), &full) {
+        if !broadcasts(&shape(g, t), &full) {
             return Err(Refusal::new(format!(
-                "input `{}` is not a float32 tensor that broadcasts to {:?}",
+                "input `{}` does not broadcast to {:?}",
                 g.node(t.node).name,
                 full
             )));
         }
     }
+    // `given` and `raw` are float32 results of the kernel and its input.
+    let conditions = conditions(g, chain, &inputs)?;
+    let pointers = pointer_params(&conditions, "pe");
     let params: Vec<String> = ["long long i", "float v"]
         .into_iter()
         .chain(raw.map(|_| "float xv"))
         .map(str::to_string)
-        .chain((0..inputs.len()).map(|k| format!("const float* __restrict__ pe{k}")))
+        .chain(pointers.iter().cloned())
         .collect();
     let mut src = String::new();
     let _ = writeln!(
@@ -419,11 +443,20 @@ pub fn epilogue(
         "__device__ __forceinline__ float {name}_e({}) {{",
         params.join(", ")
     );
-    src += &chain_lines(g, chain, &inputs, Some(given), raw, "pe", &full)?;
+    src += &chain_lines(
+        g,
+        chain,
+        &inputs,
+        &conditions,
+        (Some(given), raw),
+        "pe",
+        &full,
+    )?;
     let _ = writeln!(src, "    return t{};\n}}", output.node.index());
     Ok(Epilogue {
         source: src,
         inputs,
+        params: pointers,
         raw: raw.is_some(),
         output,
     })

@@ -634,13 +634,8 @@ impl Loader {
                 "the prologue's result must be the row kernel's input and no graph output",
             ));
         }
-        if let Some(t) = inputs.iter().find(|&&t| g.tensor(t).dtype != DType::F32) {
-            return Err(Refusal::new(format!(
-                "input `{}` is not float32",
-                g.node(t.node).name
-            )));
-        }
         let full = shape(g, output);
+        // Float32 inputs, and booleans only a where's condition reads.
         check_pointwise(g, chain, &full)?;
         let params: Vec<String> = (0..inputs.len()).map(|k| format!("px{k}")).collect();
         let (body, names) = chain_body(g, chain, &inputs, &params, &full, "    ")?;
@@ -1907,13 +1902,8 @@ fn gemm(g: &OpGraph, region: &[NodeId], name: &str, warps: u32) -> Result<Fragme
         ));
     }
     let (chain_inputs, _) = boundary(g, &chain);
+    // Float32, or booleans only a where's condition reads (`check_pointwise`).
     let extra: Vec<TensorRef> = chain_inputs.into_iter().filter(|&t| t != out).collect();
-    if let Some(t) = extra.iter().find(|&&t| g.tensor(t).dtype != DType::F32) {
-        return Err(Refusal::new(format!(
-            "input `{}` is not float32",
-            g.node(t.node).name
-        )));
-    }
     let (bm, bnn, bkk) = GEMM_TILES[usize::from(warps < 8)];
     let (tm, tn) = (rows.div_ceil(bm), cols.div_ceil(bnn));
     let wide = so.iter().product::<u64>() >= 1 << 31
