@@ -221,16 +221,23 @@ fn fusable_chain(g: &OpGraph, chain: &[NodeId], place: &str) -> Result<(), Refus
     Ok(())
 }
 
-/// The kernel parameters `{ptr}0`, … reading a chain's `inputs`: a
-/// boolean (`conditions`) as `const bool*`, the rest `const float*`.
-fn pointer_params(conditions: &[bool], ptr: &str) -> Vec<String> {
-    conditions
+/// The C type a kernel holds `t`'s elements in: `bool` for a boolean (a
+/// where's condition, as `conditions` admits), else `float`.
+fn c_type(g: &OpGraph, t: TensorRef) -> &'static str {
+    if g.tensor(t).dtype == DType::Bool {
+        "bool"
+    } else {
+        "float"
+    }
+}
+
+/// The kernel parameters `{ptr}0`, … reading `inputs`, each a
+/// `const T* __restrict__` of its `c_type`.
+fn pointer_params(g: &OpGraph, inputs: &[TensorRef], ptr: &str) -> Vec<String> {
+    inputs
         .iter()
         .enumerate()
-        .map(|(k, &c)| {
-            let ty = if c { "bool" } else { "float" };
-            format!("const {ty}* __restrict__ {ptr}{k}")
-        })
+        .map(|(k, &t)| format!("const {}* __restrict__ {ptr}{k}", c_type(g, t)))
         .collect()
 }
 
@@ -266,8 +273,8 @@ pub fn prologue(
             )));
         }
     }
-    let conditions = conditions(g, chain, &inputs)?;
-    let params = pointer_params(&conditions, "px");
+    conditions(g, chain, &inputs)?;
+    let params = pointer_params(g, &inputs, "px");
     let mut src = String::new();
     let _ = writeln!(
         src,
@@ -279,7 +286,7 @@ pub fn prologue(
         "__device__ __forceinline__ float {name}_x(long long i, {}) {{",
         params.join(", ")
     );
-    src += &chain_lines(g, chain, &inputs, &conditions, (None, None), "px", &full)?;
+    src += &chain_lines(g, chain, &inputs, (None, None), "px", &full)?;
     let _ = writeln!(src, "    return t{};\n}}", output.node.index());
     Ok(Prologue {
         source: src,
@@ -303,14 +310,12 @@ fn coord(index: &str, inner: u64, extent: u64, full: &[u64]) -> String {
 
 /// The body of a device function computing element `i` of `chain`'s
 /// values at the flat offsets of `full`: input `k` read through pointer
-/// `{ptr}{k}` (a `bool` where `conditions[k]`), except `given`, whose
-/// value is `v`, and `raw`, whose value is `xv`; node `n`'s value is
-/// `t{n}` (a `bool` for a comparison).
+/// `{ptr}{k}`, except `given`, whose value is `v`, and `raw`, whose value
+/// is `xv`; node `n`'s value is `t{n}`; each of its `c_type`.
 fn chain_lines(
     g: &OpGraph,
     chain: &[NodeId],
     inputs: &[TensorRef],
-    conditions: &[bool],
     (given, raw): (Option<TensorRef>, Option<TensorRef>),
     ptr: &str,
     full: &[u64],
@@ -339,18 +344,13 @@ fn chain_lines(
         names.insert(t, "xv".into());
     }
     for (k, (&t, off)) in inputs.iter().zip(&offsets).enumerate() {
-        let ty = if conditions[k] { "bool" } else { "float" };
-        let _ = writeln!(src, "    {ty} v{k} = {ptr}{k}[{off}];");
+        let _ = writeln!(src, "    {} v{k} = {ptr}{k}[{off}];", c_type(g, t));
         names.insert(t, format!("v{k}"));
     }
     for &n in chain {
         let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
         let var = format!("t{}", n.index());
-        let ty = if g.tensor(TensorRef::first(n)).dtype == DType::Bool {
-            "bool"
-        } else {
-            "float"
-        };
+        let ty = c_type(g, TensorRef::first(n));
         let _ = writeln!(src, "    {ty} {var} = {};", node_expr(g, n, &ins, full)?);
         names.insert(TensorRef::first(n), var);
     }
@@ -424,8 +424,8 @@ pub fn epilogue(
         }
     }
     // `given` and `raw` are float32 results of the kernel and its input.
-    let conditions = conditions(g, chain, &inputs)?;
-    let pointers = pointer_params(&conditions, "pe");
+    conditions(g, chain, &inputs)?;
+    let pointers = pointer_params(g, &inputs, "pe");
     let params: Vec<String> = ["long long i", "float v"]
         .into_iter()
         .chain(raw.map(|_| "float xv"))
@@ -443,15 +443,7 @@ pub fn epilogue(
         "__device__ __forceinline__ float {name}_e({}) {{",
         params.join(", ")
     );
-    src += &chain_lines(
-        g,
-        chain,
-        &inputs,
-        &conditions,
-        (Some(given), raw),
-        "pe",
-        &full,
-    )?;
+    src += &chain_lines(g, chain, &inputs, (Some(given), raw), "pe", &full)?;
     let _ = writeln!(src, "    return t{};\n}}", output.node.index());
     Ok(Epilogue {
         source: src,
@@ -666,11 +658,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         region.len(),
         numel
     );
-    let scalar = |k: usize| if conditions[k] { "bool" } else { "float" };
-    let params: Vec<String> = inputs
-        .iter()
-        .enumerate()
-        .map(|(k, _)| format!("const {}* __restrict__ in{k}", scalar(k)))
+    let params: Vec<String> = pointer_params(g, &inputs, "in")
+        .into_iter()
         .chain((0..outputs.len()).map(|k| format!("float* __restrict__ out{k}")))
         .chain(["long long n".to_string()])
         .collect();
@@ -746,7 +735,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let mut lane_names: Vec<Vec<String>> = Vec::new();
     for (k, off) in offsets.iter().enumerate() {
         let full_shape = shape(g, inputs[k]) == full;
-        let ty = scalar(k);
+        let ty = c_type(g, inputs[k]);
         if vector == 1 {
             let _ = writeln!(src, "        {ty} v{k} = in{k}[{off}];");
             lane_names.push(vec![format!("v{k}")]);
@@ -805,11 +794,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             let ins: Vec<String> = g.inputs(n).iter().map(|t| names[t].clone()).collect();
             let expr = node_expr(g, n, &ins, &full)?;
             let var = format!("t{}{suffix}", n.index());
-            let ty = if g.tensor(TensorRef::first(n)).dtype == DType::Bool {
-                "bool"
-            } else {
-                "float"
-            };
+            let ty = c_type(g, TensorRef::first(n));
             let _ = writeln!(src, "        {ty} {var} = {expr};");
             names.insert(TensorRef::first(n), var);
         }
