@@ -514,16 +514,16 @@ fn comparison(g: &OpGraph, n: NodeId) -> bool {
     }
 }
 
-/// Which of `region`'s `inputs` are booleans. A boolean, a region's
-/// input or a comparison inside it, is read only as a `where`'s condition
-/// (a `masked_fill`'s mask), which a kernel keeps as a `bool`, and is no
-/// result of the region; any other input or result that is not float32 is
-/// refused.
+/// Checks the booleans of `region` and its `inputs`: a boolean, a
+/// region's input or a comparison inside it, is read only as a `where`'s
+/// condition (a `masked_fill`'s mask), which a kernel keeps as a `bool`
+/// (`c_type`), and is no result of the region; any other input or result
+/// that is not float32 is refused.
 pub(super) fn conditions(
     g: &OpGraph,
     region: &[NodeId],
     inputs: &[TensorRef],
-) -> Result<Vec<bool>, Refusal> {
+) -> Result<(), Refusal> {
     let (_, outputs) = boundary(g, region);
     let only_conditions = |t: TensorRef| {
         if region.iter().all(|&n| reads_as_condition(g, n, t)) {
@@ -550,10 +550,8 @@ pub(super) fn conditions(
             return Err(Refusal::new(format!("`{}` is not float32", g.node(n).name)));
         }
     }
-    let mut out = Vec::new();
     for &t in inputs {
-        let condition = g.tensor(t).dtype == DType::Bool;
-        if condition {
+        if g.tensor(t).dtype == DType::Bool {
             only_conditions(t)?;
         } else if g.tensor(t).dtype != DType::F32 {
             return Err(Refusal::new(format!(
@@ -561,9 +559,8 @@ pub(super) fn conditions(
                 g.node(t.node).name
             )));
         }
-        out.push(condition);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Generates the fused kernel for `action`'s region.
@@ -609,7 +606,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             )));
         }
     }
-    let conditions = conditions(g, &region, &inputs)?;
+    conditions(g, &region, &inputs)?;
     let numel: u64 = full.iter().product();
     let Params { block, vector } = action.params;
     if ![32, 64, 128, 256, 512, 1024].contains(&block) {
@@ -739,7 +736,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         if vector == 1 {
             let _ = writeln!(src, "        {ty} v{k} = in{k}[{off}];");
             lane_names.push(vec![format!("v{k}")]);
-        } else if full_shape && conditions[k] {
+        } else if full_shape && g.tensor(inputs[k]).dtype == DType::Bool {
             // Booleans lane by lane (a byte each: no float-wide load).
             let mut names = Vec::new();
             for (l, lane) in lanes.iter().enumerate() {
