@@ -332,6 +332,12 @@ enum Command {
         /// episodes favours that planner.
         #[arg(long, value_name = "PLANNER")]
         recorded_by: Option<String>,
+        /// Leave moves of this action kind out of every planner's search,
+        /// the exhaustive walk's too (repeatable: call_library,
+        /// custom_kernel, fuse, split, retile, vectorize, rewrite,
+        /// cuda_graph): which actions matter, in replay.
+        #[arg(long, value_name = "KIND")]
+        without: Vec<String>,
         /// Run each planner's search on this machine's GPU instead of
         /// replaying recorded outcomes: every program built and judged now
         /// (exhaustive stays the recorded tree's best). Resumable; results,
@@ -792,6 +798,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             levels,
             json,
             recorded_by,
+            without,
             live,
             out: out_dir,
             timeout,
@@ -814,7 +821,13 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         recorded_by: recorded_by.as_deref(),
                         json: json.as_deref(),
                         policy_stops,
+                        without: &without,
                     },
+                );
+            }
+            if !without.is_empty() {
+                anyhow::bail!(
+                    "--without leaves action kinds out of a replay; a live comparison runs the full action space: drop one of --live and --without"
                 );
             }
             if recorded_by.is_some() {

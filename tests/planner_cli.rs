@@ -1029,6 +1029,15 @@ fn a_planned_search_can_build_from_the_rewritten_graph() {
     );
 }
 
+/// The geomean speedup of planner `name`'s row in a `compare --json` table.
+fn geomean_row(table: &serde_json::Value, name: &str) -> f64 {
+    table["planners"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["planner"] == name))
+        .and_then(|r| r["geomean_speedup"].as_f64())
+        .unwrap_or_else(|| panic!("no {name} row in {table}"))
+}
+
 /// The recorded H100 tree that comes with mtmc: `train` and `compare` read
 /// the gzipped store as it is, on the CPU, and leave it unchanged; writing
 /// into it, or reading a store that is not there, is refused with the way
@@ -1071,15 +1080,7 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     .success();
     assert!(!run.stdout.contains("compiled only"), "{}", run.stdout);
     let table = read_json(&json);
-    let rows = table["planners"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{table}"));
-    let geomean = |name: &str| {
-        rows.iter()
-            .find(|r| r["planner"] == name)
-            .and_then(|r| r["geomean_speedup"].as_f64())
-            .unwrap_or_else(|| panic!("no {name} row in {table}"))
-    };
+    let geomean = |name: &str| geomean_row(&table, name);
     // Exhaustive search of the recorded tree bounds every planner, and on
     // these outcomes it is well above the library's 1.0x.
     let best = geomean("exhaustive");
@@ -1162,6 +1163,65 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
             "{names:?}"
         );
     }
+    // --without KIND (an ablation): no planner's path takes a move of the
+    // kind, exhaustive finds no more than with every move, and without
+    // custom kernels (every kernel a library call) it finds less.
+    for kind in ["cuda_graph", "custom_kernel"] {
+        let json = dir.path().join(format!("without-{kind}.json"));
+        let run = mtmc(&[
+            "compare",
+            "--trajectories",
+            &tree_s,
+            "--checkpoint",
+            &ck_s,
+            "--without",
+            kind,
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .success();
+        let line = format!("without moves of kind {kind} (every planner, exhaustive too)");
+        assert!(run.stdout.contains(&line), "{line}\n{}", run.stdout);
+        let table = read_json(&json);
+        assert_eq!(table["without"][0], kind, "{table}");
+        let found = geomean_row(&table, "exhaustive");
+        assert!(found <= best + 1e-9, "{}", run.stdout);
+        if kind == "custom_kernel" {
+            assert!(found < best / 1.2, "{}", run.stdout);
+        }
+        for p in table["problems"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{table}"))
+        {
+            for (name, r) in p["planners"].as_object().unwrap() {
+                for step in r["path"].as_array().unwrap() {
+                    let step = step.as_str().unwrap();
+                    assert!(!step.starts_with(&format!("{kind}(")), "{name}: {step}");
+                }
+            }
+        }
+    }
+    let err = mtmc(&["compare", "--trajectories", &tree_s, "--without", "tile"]).failure();
+    assert!(
+        err.error.contains("--without tile: no such action kind")
+            && err.error.contains("retile, vectorize, rewrite, cuda_graph"),
+        "{}",
+        err.error
+    );
+    let err = mtmc(&[
+        "compare",
+        "--live",
+        "--trajectories",
+        &tree_s,
+        "--without",
+        "rewrite",
+    ])
+    .failure();
+    assert!(
+        err.error.contains("drop one of --live and --without"),
+        "{}",
+        err.error
+    );
     assert_eq!(
         std::fs::read(&tree).unwrap(),
         before,

@@ -92,6 +92,17 @@ pub enum Move {
     CudaGraph(bool),
 }
 
+/// The moves whose kind ([`Move::kind`]) is one of `kinds`, as a mask over
+/// the flat index: the moves an ablation leaves out (`compare --without`).
+/// Stop is never among them.
+pub fn of_kinds(kinds: &[&str]) -> [bool; ACTIONS] {
+    let mut mask = [false; ACTIONS];
+    for m in Move::all() {
+        mask[m.index()] = m != Move::Stop && kinds.contains(&m.kind());
+    }
+    mask
+}
+
 impl Move {
     /// Every move, in index order.
     pub fn all() -> impl Iterator<Item = Move> {

@@ -3,7 +3,7 @@
 //! store's `evaluations`, by program key), so training needs no GPU; a move
 //! whose program was never evaluated is masked.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
 
 pub use burn::rl::{Environment, StepResult};
@@ -12,7 +12,7 @@ use crate::critique::Diagnosis;
 use crate::episode::{Episode, Reward};
 use crate::features::{Problem, observe};
 use crate::rng::Rng;
-use crate::space::{ACTIONS, Move};
+use crate::space::{ACTIONS, Config, Move};
 use crate::store::{Store, StoreError};
 
 /// One problem of the tree.
@@ -34,6 +34,42 @@ impl TreeProblem {
             .values()
             .filter_map(crate::store::correct_speedup)
             .fold(0.0, f64::max)
+    }
+
+    /// What an exhaustive search of the tree without the moves `left_out`
+    /// finds (an ablation): the best speedup (0 if none was correct) and
+    /// the number of recorded programs those moves reach from the library
+    /// program — the first move operator-level, as in an episode, and
+    /// later moves from correct programs only, since an episode rolls back
+    /// the others; every order of the moves, whatever the timings.
+    pub fn best_without(&self, left_out: &[bool; ACTIONS]) -> (f64, usize) {
+        let shape = self.problem.shape;
+        let mut seen: HashSet<Config> = HashSet::new();
+        let mut queue = VecDeque::from([(Config::library(shape), true)]);
+        let mut best = 0.0f64;
+        while let Some((config, first)) = queue.pop_front() {
+            for m in Move::all() {
+                if m == Move::Stop || left_out[m.index()] || (first && !m.operator_level()) {
+                    continue;
+                }
+                let Some(next) = config.apply(m, shape) else {
+                    continue;
+                };
+                let Some(d) = self.evals.get(&next.key()) else {
+                    continue;
+                };
+                if !seen.insert(next.clone()) {
+                    continue;
+                }
+                if let Some(s) = crate::store::correct_speedup(d) {
+                    best = best.max(s);
+                    queue.push_back((next, false));
+                }
+            }
+        }
+        // Configs that differ in what changes nothing share a program.
+        let programs: BTreeSet<String> = seen.iter().map(Config::key).collect();
+        (best, programs.len())
     }
 }
 
@@ -91,6 +127,8 @@ pub struct TreeEnv {
     reward: Reward,
     max_steps: usize,
     rng: Rng,
+    /// Moves left out of every episode (an ablation), by flat index.
+    left_out: [bool; ACTIONS],
 }
 
 impl TreeEnv {
@@ -108,6 +146,7 @@ impl TreeEnv {
             reward: Reward::default(),
             max_steps,
             rng: Rng::new(seed),
+            left_out: [false; ACTIONS],
         };
         env.reset();
         env
@@ -116,6 +155,13 @@ impl TreeEnv {
     /// The same environment with the reward `reward`.
     pub fn with_reward(mut self, reward: Reward) -> TreeEnv {
         self.reward = reward;
+        self
+    }
+
+    /// The same environment with the moves `left_out` (a mask over the
+    /// flat index, [`crate::space::of_kinds`]) never legal: an ablation.
+    pub fn without(mut self, left_out: [bool; ACTIONS]) -> TreeEnv {
+        self.left_out = left_out;
         self
     }
 
@@ -135,18 +181,19 @@ impl TreeEnv {
         &self.episode
     }
 
-    /// The legal moves: the episode's, less those whose program the tree
-    /// has no outcome for.
+    /// The legal moves: the episode's, less those left out and those whose
+    /// program the tree has no outcome for.
     pub fn mask(&self) -> [bool; ACTIONS] {
         let mut mask = self.episode.mask();
         let evals = &self.problem().evals;
         for (i, legal) in mask.iter_mut().enumerate() {
             let m = Move::from_index(i);
             if *legal && m != Move::Stop {
-                *legal = self
-                    .episode
-                    .target(m)
-                    .is_some_and(|c| evals.contains_key(&c.key()));
+                *legal = !self.left_out[i]
+                    && self
+                        .episode
+                        .target(m)
+                        .is_some_and(|c| evals.contains_key(&c.key()));
             }
         }
         mask

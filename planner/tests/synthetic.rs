@@ -310,3 +310,43 @@ fn the_tree_charges_the_step_cost_it_is_given() {
     assert!((free - 0.1).abs() < 1e-12, "{free}");
     assert!((costly - (free - 0.25)).abs() < 1e-12, "{costly}");
 }
+
+/// An ablation (`compare --without`): without vectorize, problem A's best
+/// (vector width 4, 1.6x the rest) is out of reach, and no episode of the
+/// environment is offered a vectorize move; leaving out a kind its best
+/// does not need keeps the best.
+#[test]
+fn leaving_a_move_kind_out_hides_the_programs_only_it_reaches() {
+    let problems = problems();
+    let a = &problems[0];
+    let none = [false; ACTIONS];
+    let (all, reached) = a.best_without(&none);
+    assert!((all - a.best()).abs() < 1e-12, "{all} against {}", a.best());
+    assert!(reached > 1 && reached <= a.evals.len(), "{reached}");
+
+    let no_vector = mtmc_planner::space::of_kinds(&["vectorize"]);
+    assert!(!no_vector[Move::Stop.index()]);
+    assert!(no_vector[Move::Vectorize(4).index()] && !no_vector[Move::Retile(512).index()]);
+    let (without, fewer) = a.best_without(&no_vector);
+    assert!(without < all / 1.5, "{without} against {all}");
+    assert!(fewer < reached, "{fewer} of {reached}");
+    let (same, _) = a.best_without(&mtmc_planner::space::of_kinds(&["split"]));
+    assert!((same - all).abs() < 1e-12, "{same} against {all}");
+
+    let mut env = TreeEnv::new(problems.clone(), 8, 0).without(no_vector);
+    env.start(0);
+    let mut rng = Rng::new(3);
+    loop {
+        let obs = burn::rl::Environment::state(&env);
+        assert!(
+            Move::all().all(|m| !(obs.mask[m.index()] && m.kind() == "vectorize")),
+            "a vectorize move was legal"
+        );
+        let legal: Vec<usize> = (0..ACTIONS).filter(|&i| obs.mask[i]).collect();
+        let a = legal[rng.below(legal.len())];
+        if burn::rl::Environment::step(&mut env, a).done {
+            break;
+        }
+    }
+    assert!(env.episode().best_speedup() <= without + 1e-12);
+}

@@ -1161,7 +1161,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             (near as f64 / n, to_near as f64 / near.max(1) as f64),
         ));
     }
-    rows.push(exhaustive_row(&complete)?);
+    rows.push(exhaustive_row(&complete, None)?);
     writeln!(
         out,
         "{} ({} split{}), budget {} evaluations, every planner's programs judged live{}{}; exhaustive: the best of every program recorded in {} (not run again){}",
