@@ -333,9 +333,10 @@ enum Command {
         #[arg(long, value_name = "PLANNER")]
         recorded_by: Option<String>,
         /// Leave moves of this action kind out of every planner's search,
-        /// the exhaustive walk's too (repeatable: call_library,
-        /// custom_kernel, fuse, split, retile, vectorize, rewrite,
-        /// cuda_graph): which actions matter, in replay.
+        /// exhaustive's too: its row is the best of the recorded programs
+        /// the other moves reach (repeatable: call_library, custom_kernel,
+        /// fuse, split, retile, vectorize, rewrite, cuda_graph). Which
+        /// actions matter, in replay.
         #[arg(long, value_name = "KIND")]
         without: Vec<String>,
         /// Run each planner's search on this machine's GPU instead of

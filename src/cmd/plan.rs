@@ -2080,8 +2080,8 @@ pub struct CompareRequest<'a> {
     pub json: Option<&'a Path>,
     /// Let the trained policy's STOP end an episode early.
     pub policy_stops: bool,
-    /// Action kinds (`KINDS`) left out of every planner's moves, the
-    /// exhaustive walk's too: an ablation.
+    /// Action kinds (`KINDS`) left out of every planner's moves, and of
+    /// the moves whose programs the exhaustive row counts: an ablation.
     pub without: &'a [String],
 }
 
