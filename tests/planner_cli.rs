@@ -1067,17 +1067,24 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     assert!(!run.stdout.contains("compiled only"), "{}", run.stdout);
     assert!(ck.join("policy.mpk").is_file());
 
+    // `compare` of the committee on the shipped tree, with `extra` flags,
+    // its table into `json`.
+    let compare = |extra: &[&str], json: &std::path::Path| {
+        let json_s = json.to_string_lossy();
+        let mut args = vec![
+            "compare",
+            "--trajectories",
+            &tree_s,
+            "--checkpoint",
+            &ck_s,
+            "--json",
+            &json_s,
+        ];
+        args.extend_from_slice(extra);
+        mtmc(&args).success()
+    };
     let json = dir.path().join("compare.json");
-    let run = mtmc(&[
-        "compare",
-        "--trajectories",
-        &tree_s,
-        "--checkpoint",
-        &ck_s,
-        "--json",
-        &json.to_string_lossy(),
-    ])
-    .success();
+    let run = compare(&[], &json);
     assert!(!run.stdout.contains("compiled only"), "{}", run.stdout);
     let table = read_json(&json);
     let geomean = |name: &str| geomean_row(&table, name);
@@ -1168,18 +1175,7 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     // custom kernels (every kernel a library call) it finds less.
     for kind in ["cuda_graph", "custom_kernel"] {
         let json = dir.path().join(format!("without-{kind}.json"));
-        let run = mtmc(&[
-            "compare",
-            "--trajectories",
-            &tree_s,
-            "--checkpoint",
-            &ck_s,
-            "--without",
-            kind,
-            "--json",
-            json.to_str().unwrap(),
-        ])
-        .success();
+        let run = compare(&["--without", kind], &json);
         let line = format!("without moves of kind {kind} (every planner, exhaustive too)");
         assert!(run.stdout.contains(&line), "{line}\n{}", run.stdout);
         let table = read_json(&json);
