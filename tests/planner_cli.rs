@@ -1185,10 +1185,21 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
         if kind == "custom_kernel" {
             assert!(found < best / 1.2, "{}", run.stdout);
         }
+        // Each problem's best without those moves, and the line naming
+        // the problems that needed them most.
+        let mut below = 0;
         for p in table["problems"]
             .as_array()
             .unwrap_or_else(|| panic!("{table}"))
         {
+            let with = p["exhaustive"].as_f64().unwrap_or_else(|| panic!("{p}"));
+            let without = p["exhaustive_without"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{p}"));
+            assert!(without <= with + 1e-9, "{p}");
+            if without / with < 0.995 {
+                below += 1;
+            }
             for (name, r) in p["planners"].as_object().unwrap() {
                 for step in r["path"].as_array().unwrap() {
                     let step = step.as_str().unwrap();
@@ -1196,6 +1207,14 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
                 }
             }
         }
+        let line = format!(
+            "exhaustive without them: below the problem's best on {below} of 39 problems, most on "
+        );
+        assert!(
+            below > 0 && run.stdout.contains(&line),
+            "{line}\n{}",
+            run.stdout
+        );
     }
     let err = mtmc(&["compare", "--trajectories", &tree_s, "--without", "tile"]).failure();
     assert!(

@@ -191,6 +191,7 @@ mod tests {
             pass: None,
             programs: 10,
             exhaustive: trained.max(greedy),
+            exhaustive_without: None,
             planners: [
                 ("trained".to_string(), result(trained)),
                 ("greedy".to_string(), result(greedy)),

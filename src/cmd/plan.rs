@@ -2045,6 +2045,10 @@ pub(crate) struct ProblemRow {
     pub(crate) pass: Option<String>,
     pub(crate) programs: usize,
     pub(crate) exhaustive: f64,
+    /// Replay with moves left out (`--without`): the best of the recorded
+    /// programs the other moves reach.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) exhaustive_without: Option<f64>,
     pub(crate) planners: std::collections::BTreeMap<String, PlannerResult>,
 }
 
@@ -2237,7 +2241,23 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         ));
     }
     let ablated = left_out.iter().any(|&l| l);
-    rows.push(exhaustive_row(&problems, ablated.then_some(left_out))?);
+    // What the moves not left out reach on each problem: its best and how
+    // many programs.
+    let found: Vec<(f64, usize)> = if ablated {
+        problems.iter().map(|p| p.best_without(&left_out)).collect()
+    } else {
+        Vec::new()
+    };
+    for (r, (best, _)) in per_problem.iter_mut().zip(&found) {
+        r.exhaustive_without = Some(best.max(1.0));
+    }
+    rows.push(exhaustive_row(
+        &problems,
+        ablated.then_some(Ablation {
+            left_out,
+            found: &found,
+        }),
+    )?);
     writeln!(
         out,
         "{} problem(s) ({:?} split{}), budget {budget} evaluations (exhaustive: {}{}); outcomes replayed from {}{}",
@@ -2264,6 +2284,9 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     }
     let pairs = crate::cmd::paired::pairs(&per_problem);
     print_table(out, &rows, &pairs, true)?;
+    if ablated {
+        writeln!(out, "{}", ablation_losses(&per_problem))?;
+    }
     if let Some(path) = json {
         let doc = serde_json::json!({
             "split": format!("{split:?}").to_lowercase(),
@@ -2314,9 +2337,44 @@ pub(crate) fn problem_rows(problems: &[TreeProblem]) -> Vec<ProblemRow> {
             pass: None,
             programs: p.evals.len(),
             exhaustive: p.best().max(1.0),
+            exhaustive_without: None,
             planners: Default::default(),
         })
         .collect()
+}
+
+/// Moves left out of a replay, and what the others reach on each problem
+/// ([`TreeProblem::best_without`]: its best and how many programs).
+pub(crate) struct Ablation<'a> {
+    left_out: [bool; ACTIONS],
+    found: &'a [(f64, usize)],
+}
+
+/// The line under an ablation's table: the problems (up to three) whose
+/// best the moves left out were most needed for, each the best the other
+/// moves reach against every recorded program's best.
+fn ablation_losses(rows: &[ProblemRow]) -> String {
+    let mut lost: Vec<(&str, f64)> = rows
+        .iter()
+        .filter_map(|r| Some((r.problem.as_str(), r.exhaustive_without? / r.exhaustive)))
+        .filter(|&(_, ratio)| ratio < 0.995)
+        .collect();
+    let n = lost.len();
+    lost.sort_by(|a, b| a.1.total_cmp(&b.1));
+    if lost.is_empty() {
+        return "exhaustive without them: every problem's best is still reached (within 0.5 %)"
+            .into();
+    }
+    let named: Vec<String> = lost
+        .iter()
+        .take(3)
+        .map(|(p, ratio)| format!("{p} {ratio:.3}x"))
+        .collect();
+    format!(
+        "exhaustive without them: below the problem's best on {n} of {} problems, most on {}",
+        rows.len(),
+        named.join(", ")
+    )
 }
 
 /// The exhaustive search's row: every recorded program of each problem.
@@ -2328,7 +2386,7 @@ pub(crate) fn problem_rows(problems: &[TreeProblem]) -> Vec<ProblemRow> {
 /// enumeration's walk without those moves.
 pub(crate) fn exhaustive_row(
     problems: &Arc<Vec<TreeProblem>>,
-    left_out: Option<[bool; ACTIONS]>,
+    ablation: Option<Ablation<'_>>,
 ) -> Result<Row> {
     let exhaustive: Vec<f64> = problems.iter().map(TreeProblem::best).collect();
     let mut walk = Choice::Exhaustive.load(0)?;
@@ -2341,20 +2399,18 @@ pub(crate) fn exhaustive_row(
                 k,
                 most,
                 NEAR * exhaustive[k],
-                left_out.unwrap_or([false; ACTIONS]),
+                ablation.as_ref().map_or([false; ACTIONS], |a| a.left_out),
             )
         })
         .collect();
     let n = problems.len().max(1) as f64;
-    let (bests, evaluations, near) = match left_out {
+    let (bests, evaluations, near) = match ablation {
         None => (
             exhaustive.clone(),
             problems.iter().map(|p| p.evals.len()).sum::<usize>(),
             1.0,
         ),
-        Some(left_out) => {
-            let found: Vec<(f64, usize)> =
-                problems.iter().map(|p| p.best_without(&left_out)).collect();
+        Some(Ablation { found, .. }) => {
             let near = found
                 .iter()
                 .zip(&exhaustive)
