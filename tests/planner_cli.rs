@@ -1218,7 +1218,7 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     }
     let err = mtmc(&["compare", "--trajectories", &tree_s, "--without", "tile"]).failure();
     assert!(
-        err.error.contains("--without tile: no such action kind")
+        err.error.contains("--without tile: not an action kind")
             && err.error.contains("retile, vectorize, rewrite, cuda_graph"),
         "{}",
         err.error

@@ -1144,6 +1144,20 @@ pub const KINDS: [&str; 8] = [
     "cuda_graph",
 ];
 
+/// The moves of the action kinds `kinds` (`KINDS`, named by the flag
+/// `flag`), as a mask over the flat index ([`mtmc_planner::space::of_kinds`]);
+/// an unknown kind is an error that lists the kinds.
+pub fn kinds_mask(flag: &str, kinds: &[String]) -> Result<[bool; ACTIONS]> {
+    if let Some(k) = kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+        bail!(
+            "{flag} {k}: not an action kind; give one of {}",
+            KINDS.join(", ")
+        );
+    }
+    let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
+    Ok(mtmc_planner::space::of_kinds(&kinds))
+}
+
 /// The planner name `explore --beyond` records its episodes under.
 pub const BEYOND: &str = "exhaustive-beyond";
 
@@ -1169,9 +1183,7 @@ pub fn extend_problem(
     let open = rec.begin(&j, BEYOND)?;
     let (problem, prior) = (&open.problem, &open.prior);
     let shape = problem.shape;
-    let moves: Vec<Move> = Move::all()
-        .filter(|&m| m != Move::Stop && kinds.iter().any(|k| k == m.kind()))
-        .collect();
+    let moves = kinds_mask("--beyond", kinds)?;
     // The recorded programs reachable from the library program, and the
     // unrecorded ones a move of `kinds` makes from a correct one.
     let start = Config::library(shape);
@@ -1193,7 +1205,7 @@ pub fn extend_problem(
                 continue;
             }
             if let Some(speedup) = parent
-                && moves.contains(&m)
+                && moves[m.index()]
                 && queued.insert(key)
             {
                 candidates.push((speedup, c.clone(), m, next));
@@ -1541,12 +1553,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     if chosen.is_empty() {
         bail!("no problem chosen: name problems or pass --level N (and check --split)");
     }
-    if let Some(k) = req.beyond.iter().find(|k| !KINDS.contains(&k.as_str())) {
-        bail!(
-            "--beyond {k}: not an action kind; give one of {}",
-            KINDS.join(", ")
-        );
-    }
+    kinds_mask("--beyond", req.beyond)?;
     if !req.beyond.is_empty() && !matches!(req.planner, Choice::Exhaustive) {
         bail!(
             "--beyond enumerates the programs beyond the recorded ones, which only the exhaustive planner does: add --planner exhaustive"
@@ -2104,14 +2111,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         policy_stops,
         without,
     } = req;
-    if let Some(k) = without.iter().find(|k| !KINDS.contains(&k.as_str())) {
-        bail!(
-            "--without {k}: no such action kind; the kinds are {}",
-            KINDS.join(", ")
-        );
-    }
-    let kinds: Vec<&str> = without.iter().map(String::as_str).collect();
-    let left_out = mtmc_planner::space::of_kinds(&kinds);
+    let left_out = kinds_mask("--without", without)?;
     let store = Store::open_to_read(store_path)?;
     let problems: Vec<TreeProblem> = tree::load_by(&store, recorded_by, &|n| split.knows(n))?
         .into_iter()
@@ -2279,7 +2279,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         writeln!(
             out,
             "without moves of kind {} (every planner, exhaustive too); `of exhaustive` and `reached 90%` still measure against the best of every recorded program",
-            kinds.join(", ")
+            without.join(", ")
         )?;
     }
     let pairs = crate::cmd::paired::pairs(&per_problem);
