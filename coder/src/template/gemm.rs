@@ -11,30 +11,29 @@
 //! accuracy. Measured on the H100 against a float64 product, the error is
 //! below cuBLAS's fp32 SGEMM.
 //!
-//! When A is K-contiguous (`x @ w.T`, a linear layer; `x @ w`) and the
-//! kernel is compiled for Hopper's arch-specific target (`sm_90a`), the
-//! products are `wgmma` instructions of a warpgroup each: a block of two
+//! Compiled for Hopper's arch-specific target (`sm_90a`), the products
+//! are `wgmma` instructions of a warpgroup each: a block of two
 //! warpgroups computes a 128×128 tile, 64 rows each. TF32 `wgmma` reads
 //! both operands K-major from shared memory, in the 128-byte swizzled
 //! layout; the tensor cores read a raw fp32 value as its TF32 truncation
 //! (the `big` part). Each thread loads its part of the next slice but one
 //! into registers, and writes the next slice to shared memory twice, raw
 //! and as remainders (`x - big`, rounded to TF32), while this slice's
-//! products run; a B stored `[K, N]` is transposed on the way, in
-//! registers. Staged so, the remainders cost no pass over shared memory
-//! of their own: on the H100 a 4096³ `x @ w.T` took 1.49 ms against 2.07
-//! ms when the slices came in with `cp.async` and a second pass wrote the
-//! remainders. Each slice's twelve products go to a fresh accumulator,
-//! added to the running sum in fp32. Compiled for any other target, the
-//! same kernel runs the `mma.sync` body below with eight warps.
+//! products run; an operand stored the other way (`x.T`, or a B stored
+//! `[K, N]`) is transposed on the way, in registers. Staged so, the
+//! remainders cost no pass over shared memory of their own: on the H100 a
+//! 4096³ `x @ w.T` took 1.49 ms against 2.07 ms when the slices came in
+//! with `cp.async` and a second pass wrote the remainders. Each slice's
+//! twelve products go to a fresh accumulator, added to the running sum in
+//! fp32.
 //!
-//! With `mma.sync`, a block computes a 128×128 tile of the output with four
-//! warps (64×64 each, `m16n8k8` fragments; eight warps of 64×32 in the
-//! two-path kernel); 32-deep slices of both operands are staged
-//! through shared memory in three stages with `cp.async`, so loads of the
-//! next slices overlap the products of this one. Either operand may be
-//! K-contiguous or M/N-contiguous (transposed); each layout has its own
-//! shared-memory padding that keeps the fragment reads free of bank
+//! Compiled for any other target, the same kernel runs `mma.sync`: eight
+//! warps of 64×32 each (`m16n8k8` fragments) compute the 128×128 tile;
+//! 32-deep slices of both operands are staged through shared memory in
+//! three stages with `cp.async`, so loads of the next slices overlap the
+//! products of this one. Either operand may be K-contiguous or
+//! M/N-contiguous (transposed); each layout has its own shared-memory
+//! padding that keeps the fragment reads free of bank
 //! conflicts. Blocks walk the tiles in groups of eight tile rows, so that
 //! neighbouring blocks share operand tiles in L2.
 
@@ -91,9 +90,8 @@ impl Warps {
     }
 }
 
-/// Four warps of 64×64: the kernel for operands stored M/N-contiguous.
-const FOUR: Warps = Warps::new(2, 8, 128);
-/// Eight warps of 64×32: the `mma.sync` path of the two-path kernel.
+/// Eight warps of 64×32: the `mma.sync` path, for targets without
+/// `wgmma`.
 const EIGHT: Warps = Warps::new(4, 4, 256);
 /// Bytes of one slice in the `wgmma` path (A and B, 128 rows of 128
 /// bytes each).
@@ -193,28 +191,21 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     }
     let fused = Fused::new(g, &region, m.bias, n, name)?;
 
-    // A K-contiguous: `wgmma` where the target has it.
-    let hopper = a.k_contiguous;
-    let warps = if hopper { EIGHT } else { FOUR };
-    let mut shared = 4 * STAGES * (a.tile(BM) + b.tile(BN));
-    if hopper {
-        shared = shared.max(WG_SHARED);
-    }
+    // `wgmma` where the target has it (every layout), else `mma.sync`.
+    let warps = EIGHT;
+    let shared = (4 * STAGES * (a.tile(BM) + b.tile(BN))).max(WG_SHARED);
     let threads = warps.threads;
     let mut src = String::new();
     let _ = writeln!(
         src,
-        "// {name}: fp32 GEMM ({batch}x) {rows}x{n}x{k} on the tensor cores (3xTF32{}){}",
-        if hopper { "; wgmma on sm_90a" } else { "" },
+        "// {name}: fp32 GEMM ({batch}x) {rows}x{n}x{k} on the tensor cores (3xTF32; wgmma on sm_90a){}",
         fused.chained()
     );
     src.push_str(fused.epilogue_source());
     src.push_str(&helpers(name));
-    if hopper {
-        src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
-        src.push_str(&wgmma_helpers(name));
-        src.push_str("#endif\n");
-    }
+    src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
+    src.push_str(&wgmma_helpers(name));
+    src.push_str("#endif\n");
     src.push_str(&fused.signature(name, threads));
     let _ = writeln!(
         src,
@@ -241,15 +232,17 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let mut mma = body(name, &a, &b, warps, "", (&loads.0, &loads.1));
     let pair = Pair::row_major(n);
     mma.push_str(&mma_store(&store, warps, ROW_MAJOR, pair));
-    if hopper {
-        src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
-        src.push_str(&wgmma_body(name, &store, b.k_contiguous, pair));
-        src.push_str("#else\n");
-        src.push_str(&mma);
-        src.push_str("#endif\n");
-    } else {
-        src.push_str(&mma);
-    }
+    src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
+    src.push_str(&wgmma_body(
+        name,
+        &store,
+        a.k_contiguous,
+        b.k_contiguous,
+        pair,
+    ));
+    src.push_str("#else\n");
+    src.push_str(&mma);
+    src.push_str("#endif\n");
     src.push_str("}\n");
     Ok(fused.fragment(name, action, src, blocks, threads, shared))
 }
@@ -736,76 +729,21 @@ __device__ __forceinline__ float4 {name}_rem(float4 v) {{
 /// slice (A's 128 rows and B's 128 columns, 32 deep) from global memory
 /// into registers one slice ahead, then writes it to shared memory twice,
 /// raw and as remainders, in the 128-byte swizzle the descriptors name:
-/// 16-byte chunk `c` of row `r` at chunk `c ^ (r % 8)`, 128 bytes a row.
-/// A K-contiguous operand's thread holds four 16-byte chunks of rows; a B
-/// stored `[K, N]` (`b_k` false) a 4×4 block (four K rows of four
-/// columns), transposed in registers into four K-major chunks. Two slices
-/// live in shared memory: per slice, each warpgroup issues four 8-deep
-/// steps of three products (small·big, big·small, big·big) into a fresh
-/// accumulator, the next slice is written and the one after it loaded
-/// while they run, then the products are waited for and added to the
-/// running sum.
-fn wgmma_body(name: &str, store: &str, b_k: bool, pair: Pair) -> String {
+/// 16-byte chunk `c` of row `r` at chunk `c ^ (r % 8)`, 128 bytes a row
+/// ([`wg_operand`]; `a_k`, `b_k`: whether each operand is K-contiguous).
+/// Two slices live in shared memory: per slice, each warpgroup issues
+/// four 8-deep steps of three products (small·big, big·small, big·big)
+/// into a fresh accumulator, the next slice is written and the one after
+/// it loaded while they run, then the products are waited for and added
+/// to the running sum.
+fn wgmma_body(name: &str, store: &str, a_k: bool, b_k: bool, pair: Pair) -> String {
     let store = store.replace("ACC", "acc[4 * j + 2 * h + q]");
-    let (stage, a_bytes) = (WG_STAGE, BM * BK * 4);
-    let chunks = BK / 4;
+    let stage = WG_STAGE;
+    let a_bytes = BM * BK * 4;
     let row = BK * 4;
-    // 16-byte chunks of one operand's slice per thread.
-    let per = BM * chunks / 256;
-    let (fetch_b, put_b) = if b_k {
-        (
-            format!(
-                r#"#pragma unroll
-            for (int i = 0; i < {per}; ++i) {{
-                int c = tid + i * 256, r = c / {chunks}, ch = c % {chunks};
-                bool ok = n0 + r < N && k0 + ch * 4 < K;
-                rb[i] = ok ? __ldg((const float4*)(bb + (n0 + r) * K + k0 + ch * 4)) : zero;
-            }}
-"#
-            ),
-            format!(
-                r#"#pragma unroll
-        for (int i = 0; i < {per}; ++i) {{
-            int c = tid + i * 256, r = c / {chunks}, ch = c % {chunks};
-            int at = {a_bytes} + r * {row} + ((ch ^ (r & 7)) << 4);
-            *(float4*)(raw + at) = rb[i];
-            *(float4*)(rem + at) = {name}_rem(rb[i]);
-        }}
-"#
-            ),
-        )
-    } else {
-        // Thread `tid` holds K rows `4 * (tid % 8)` to `+ 3` of columns
-        // `4 * (tid / 8)` to `+ 3`: eight threads in a row write the eight
-        // chunks of one swizzled row, free of bank conflicts.
-        (
-            format!(
-                r#"            {{
-                const int kq = tid % {chunks}, nc = tid / {chunks};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {{
-                    bool ok = k0 + kq * 4 + j < K && n0 + nc * 4 < N;
-                    rb[j] = ok ? __ldg((const float4*)(bb + (k0 + kq * 4 + j) * N + n0 + nc * 4)) : zero;
-                }}
-            }}
-"#
-            ),
-            format!(
-                r#"        {{
-            const int kq = tid % {chunks}, nc = tid / {chunks};
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {{
-                int n = nc * 4 + q;
-                float4 v = make_float4(((float*)&rb[0])[q], ((float*)&rb[1])[q], ((float*)&rb[2])[q], ((float*)&rb[3])[q]);
-                int at = {a_bytes} + n * {row} + ((kq ^ (n & 7)) << 4);
-                *(float4*)(raw + at) = v;
-                *(float4*)(rem + at) = {name}_rem(v);
-            }}
-        }}
-"#
-            ),
-        )
-    };
+    let per = BM * BK / 4 / 256;
+    let (fetch_a, put_a) = wg_operand(name, a_k, ["ra", "ab", "M", "m0"], 0);
+    let (fetch_b, put_b) = wg_operand(name, b_k, ["rb", "bb", "N", "n0"], a_bytes);
     format!(
         r#"    extern __shared__ __align__(16) unsigned char smem_bytes[];
     const unsigned raw_base = (unsigned)__cvta_generic_to_shared(smem_bytes);
@@ -822,26 +760,13 @@ fn wgmma_body(name: &str, store: &str, b_k: bool, pair: Pair) -> String {
     auto fetch = [&](int kt) {{
         if (kt < KTILES) {{
             const long long k0 = (long long)kt * {BK};
-#pragma unroll
-            for (int i = 0; i < {per}; ++i) {{
-                int c = tid + i * 256, r = c / {chunks}, ch = c % {chunks};
-                bool ok = m0 + r < M && k0 + ch * 4 < K;
-                ra[i] = ok ? __ldg((const float4*)(ab + (m0 + r) * K + k0 + ch * 4)) : zero;
-            }}
-{fetch_b}        }}
+{fetch_a}{fetch_b}        }}
     }};
     // The slice in registers to shared memory, raw and as remainders.
     auto put = [&](int kt) {{
         unsigned char* raw = gbase + (kt & 1) * {stage};
         unsigned char* rem = raw + 2 * {stage};
-#pragma unroll
-        for (int i = 0; i < {per}; ++i) {{
-            int c = tid + i * 256, r = c / {chunks}, ch = c % {chunks};
-            int at = r * {row} + ((ch ^ (r & 7)) << 4);
-            *(float4*)(raw + at) = ra[i];
-            *(float4*)(rem + at) = {name}_rem(ra[i]);
-        }}
-{put_b}        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+{put_a}{put_b}        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }};
     float acc[{WG_ACC}], p[{WG_ACC}];
 #pragma unroll
@@ -887,4 +812,72 @@ fn wgmma_body(name: &str, store: &str, b_k: bool, pair: Pair) -> String {
         order = tile_order(BM, BN),
         frags = BN / 8,
     )
+}
+
+/// One operand's part of the `wgmma` path's staging: the code that loads
+/// its slice into the registers `regs` (`names`: the registers, the
+/// operand's pointer, its extent and the block's first row of it) and the
+/// code that writes them at byte `offset` of a slice in shared memory,
+/// raw (`raw`) and as remainders (`rem`). A K-contiguous operand's thread
+/// holds four 16-byte chunks of rows. One stored `[K, rows]` is loaded as
+/// a 4×4 block a thread (K rows `4 * (tid % 8)` to `+ 3` of rows `4 *
+/// (tid / 8)` to `+ 3`) and transposed in registers into four K-major
+/// chunks: eight threads in a row write the eight chunks of one swizzled
+/// row, free of bank conflicts.
+fn wg_operand(name: &str, k_contiguous: bool, names: [&str; 4], offset: u64) -> (String, String) {
+    let [regs, ptr, extent, origin] = names;
+    let chunks = BK / 4;
+    let row = BK * 4;
+    let per = BM * chunks / 256;
+    if k_contiguous {
+        (
+            format!(
+                r#"#pragma unroll
+            for (int i = 0; i < {per}; ++i) {{
+                int c = tid + i * 256, r = c / {chunks}, ch = c % {chunks};
+                bool ok = {origin} + r < {extent} && k0 + ch * 4 < K;
+                {regs}[i] = ok ? __ldg((const float4*)({ptr} + ({origin} + r) * K + k0 + ch * 4)) : zero;
+            }}
+"#
+            ),
+            format!(
+                r#"#pragma unroll
+        for (int i = 0; i < {per}; ++i) {{
+            int c = tid + i * 256, r = c / {chunks}, ch = c % {chunks};
+            int at = {offset} + r * {row} + ((ch ^ (r & 7)) << 4);
+            *(float4*)(raw + at) = {regs}[i];
+            *(float4*)(rem + at) = {name}_rem({regs}[i]);
+        }}
+"#
+            ),
+        )
+    } else {
+        (
+            format!(
+                r#"            {{
+                const int kq = tid % {chunks}, rc = tid / {chunks};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {{
+                    bool ok = k0 + kq * 4 + j < K && {origin} + rc * 4 < {extent};
+                    {regs}[j] = ok ? __ldg((const float4*)({ptr} + (k0 + kq * 4 + j) * {extent} + {origin} + rc * 4)) : zero;
+                }}
+            }}
+"#
+            ),
+            format!(
+                r#"        {{
+            const int kq = tid % {chunks}, rc = tid / {chunks};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {{
+                int r = rc * 4 + q;
+                float4 v = make_float4(((float*)&{regs}[0])[q], ((float*)&{regs}[1])[q], ((float*)&{regs}[2])[q], ((float*)&{regs}[3])[q]);
+                int at = {offset} + r * {row} + ((kq ^ (r & 7)) << 4);
+                *(float4*)(raw + at) = v;
+                *(float4*)(rem + at) = {name}_rem(v);
+            }}
+        }}
+"#
+            ),
+        )
+    }
 }
