@@ -247,6 +247,29 @@ enum Command {
         #[arg(long)]
         rejudge_changed: bool,
     },
+    /// Judge again, on each chosen problem, every recorded program whose
+    /// code this build writes otherwise than the code judged (a coder
+    /// change since it was recorded), and keep the new outcomes in the
+    /// store: the tree then holds this build's outcomes. Each problem's
+    /// recorded programs are walked from the library program by the moves
+    /// between them and built once; no episode is recorded. Run again to
+    /// resume: a program judged again holds this build's code's hash.
+    Rejudge {
+        /// Problems by name.
+        problems: Vec<String>,
+        /// Every problem of this level (repeatable).
+        #[arg(long = "level", value_name = "N")]
+        levels: Vec<u32>,
+        /// Which problems of the fixed train/test split.
+        #[arg(long, value_enum, default_value = "all")]
+        split: cmd::plan::Split,
+        /// The trajectory store (not a gzipped one: it is written).
+        #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
+        trajectories: PathBuf,
+        /// Seconds before a candidate's evaluation is stopped.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
     /// Train the planner with PPO on the recorded trajectory tree (no GPU
     /// needed), then the reward-to-go model; write the checkpoint, curves
     /// (CSV and SVG) and train.json to --out.
@@ -752,6 +775,23 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 seed,
                 beyond: &beyond,
                 rejudge_changed,
+            },
+        ),
+        Command::Rejudge {
+            problems,
+            levels,
+            split,
+            trajectories,
+            timeout,
+        } => cmd::plan::rejudge(
+            out,
+            cmd::plan::RejudgeRequest {
+                kernelbench: kb,
+                names: &problems,
+                levels: &levels,
+                split,
+                store: &trajectories,
+                timeout: std::time::Duration::from_secs(timeout),
             },
         ),
         Command::Train {

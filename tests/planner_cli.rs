@@ -1473,3 +1473,123 @@ fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
         run.stdout
     );
 }
+
+#[test]
+fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("traj.sqlite");
+    let store_s = store.to_string_lossy().into_owned();
+    let problem = "L2/76_Gemm_Add_ReLU";
+    let kb = shared_jsonl();
+    mtmc(&[
+        "--kernelbench",
+        &kb,
+        "explore",
+        "L2/76",
+        "--split",
+        "all",
+        "--planner",
+        "exhaustive",
+        "--episodes",
+        "1",
+        "--budget",
+        "6",
+        "--trajectories",
+        &store_s,
+    ])
+    .success();
+    let sql = || rusqlite::Connection::open(&store).unwrap();
+    let hashes = || {
+        let s = mtmc_planner::store::Store::open(&store).unwrap();
+        s.evaluations(problem)
+            .unwrap()
+            .keys()
+            .map(|k| (k.clone(), s.evaluation_hash(problem, k).unwrap().unwrap()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let steps = || -> i64 {
+        sql()
+            .query_row("SELECT COUNT(*) FROM steps", [], |r| r.get(0))
+            .unwrap()
+    };
+    let first = hashes();
+    assert_eq!(first.len(), 6, "{first:?}");
+    // As after a coder change: the GEMM programs were judged with other
+    // code than this build writes.
+    let stale = sql()
+        .execute(
+            "UPDATE evaluations SET fragment_hash = 'earlier' WHERE problem = ?1 AND key LIKE '%gemm%'",
+            [problem],
+        )
+        .unwrap();
+    assert!(stale >= 1, "{first:?}");
+    // A recorded program no move makes any more.
+    sql()
+        .execute(
+            "INSERT INTO evaluations (problem, key, status, speedup, diagnosis, fragment_hash)
+             SELECT problem, 'k1 gone', status, speedup, diagnosis, 'earlier' FROM evaluations
+             WHERE problem = ?1 AND key = 'library'",
+            [problem],
+        )
+        .unwrap();
+    let (episodes, before) = (store.clone(), steps());
+    let rejudge = || {
+        mtmc(&[
+            "--kernelbench",
+            &kb,
+            "rejudge",
+            "L2/76",
+            "--trajectories",
+            &store_s,
+        ])
+        .success()
+    };
+    let run = rejudge();
+    let line = format!(
+        "{problem}: 6 recorded program(s) reached, {stale} judged again, {stale} kept; 1 recorded program(s) no move reaches now, left as recorded"
+    );
+    assert!(run.stdout.contains(&line), "{line}\n{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains(&format!("{stale} recorded program(s) judged again")),
+        "{}",
+        run.stdout
+    );
+    // Each program judged again holds the hash of the code it judged now;
+    // the one no move reaches keeps its record; no step was recorded.
+    let mut now = hashes();
+    assert_eq!(now.remove("k1 gone").as_deref(), Some("earlier"));
+    assert_eq!(now, first);
+    assert_eq!(steps(), before, "{}", episodes.display());
+    // A second pass finds nothing changed.
+    let run = rejudge();
+    assert!(
+        run.stdout.contains("0 recorded program(s) judged again"),
+        "{}",
+        run.stdout
+    );
+    // A gzipped store is not written; a missing one is named.
+    let gz = dir.path().join("traj.sqlite.gz");
+    std::fs::write(&gz, b"").unwrap();
+    for (path, says) in [
+        (gz.to_string_lossy().into_owned(), "is compressed"),
+        (
+            dir.path()
+                .join("none.sqlite")
+                .to_string_lossy()
+                .into_owned(),
+            "does not exist",
+        ),
+    ] {
+        let run = mtmc(&[
+            "--kernelbench",
+            &kb,
+            "rejudge",
+            "L2/76",
+            "--trajectories",
+            &path,
+        ])
+        .failure();
+        assert!(run.stderr.contains(says), "{}", run.stderr);
+    }
+}

@@ -593,6 +593,40 @@ impl Store {
             .map_err(|e| self.sql(e))
     }
 
+    /// Records program `key` of `problem` judged again outside an episode
+    /// (`mtmc rejudge`): its diagnosis and the hash of the fragments
+    /// judged replace the recorded ones, as a step's would. A compile-only
+    /// outcome (no GPU) never replaces a timed one: whether it was kept.
+    pub fn judged_again(
+        &mut self,
+        problem: &str,
+        key: &str,
+        d: &Diagnosis,
+        hash: &str,
+    ) -> Result<bool, StoreError> {
+        let text = serde_json::to_string(d).map_err(|e| self.json(e))?;
+        let rows = self
+            .conn
+            .execute(
+                &format!(
+                    "INSERT INTO evaluations (problem, key, status, speedup, diagnosis,
+                        fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6) {}",
+                    keep_timed("?7")
+                ),
+                params![
+                    problem,
+                    key,
+                    d.status.name(),
+                    d.speedup_eager,
+                    text,
+                    hash,
+                    Status::CompiledOnly.name()
+                ],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(rows > 0)
+    }
+
     /// The evaluation of one program of `problem`, if recorded (read as
     /// [`Store::evaluations`] reads it).
     pub fn evaluation(&self, problem: &str, key: &str) -> Result<Option<Diagnosis>, StoreError> {

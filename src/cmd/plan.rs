@@ -1132,6 +1132,207 @@ pub fn enumerate_problem(
     rec.end(&j, &open, e.best_speedup(), e.step, bests)
 }
 
+/// What [`rejudge_problem`] found on one problem.
+pub struct Rejudged {
+    /// Recorded programs the walk reached (each built once).
+    pub reached: usize,
+    /// Of those, the ones judged again: this build writes other code.
+    pub judged: usize,
+    /// Of those, the ones whose new outcome the store kept (a compile-only
+    /// outcome never replaces a timed one).
+    pub kept: usize,
+    /// Recorded programs no walk from the library program reaches through
+    /// recorded programs (keys this build's moves no longer make).
+    pub unreached: Vec<String>,
+    /// The program judged again whose speedup moved most, with its
+    /// recorded and new speedups (correct both times).
+    pub moved: Option<(String, f64, f64)>,
+}
+
+/// `mtmc rejudge` on one problem: every recorded program of it, reached
+/// from the library program by moves through recorded programs, breadth
+/// first, is built; where its fragments' hash differs from the recorded
+/// one (a coder change since it was judged) it is judged again, and its
+/// new outcome replaces the recorded one in the store's evaluations. No
+/// episode or step is recorded: the steps keep what their episodes saw.
+pub fn rejudge_problem(
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    store: &mut Store,
+    bar: &ProgressBar,
+) -> Result<Rejudged> {
+    let mut j = Judging::new(p, g, judge)?;
+    let name = j.problem.name.clone();
+    let recorded = store.evaluations(&name)?;
+    let shape = j.problem.shape;
+    let start = Config::library(shape);
+    let mut seen: std::collections::BTreeSet<String> = [start.key()].into();
+    let mut walk = vec![start];
+    let mut i = 0;
+    while i < walk.len() {
+        let from = walk[i].clone();
+        i += 1;
+        for m in Move::all().filter(|&m| m != Move::Stop) {
+            if let Some(c) = from.apply(m, shape)
+                && recorded.contains_key(&c.key())
+                && seen.insert(c.key())
+            {
+                walk.push(c);
+            }
+        }
+    }
+    walk.retain(|c| recorded.contains_key(&c.key()));
+    let mut out = Rejudged {
+        reached: walk.len(),
+        judged: 0,
+        kept: 0,
+        unreached: recorded
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect(),
+        moved: None,
+    };
+    bar.set_length(bar.length().unwrap_or(0) + walk.len() as u64);
+    let per = j.judge.in_flight().max(1);
+    for round in walk.chunks(per) {
+        let asked: Vec<(Move, Config, String)> = round
+            .iter()
+            .map(|c| (Move::Stop, c.clone(), c.key()))
+            .collect();
+        let before = j.changed;
+        let evaluated = j.evaluate(Reuse::Unchanged(&*store), &asked)?;
+        out.judged += j.changed - before;
+        for (ev, c) in evaluated.into_iter().zip(round) {
+            bar.inc(1);
+            if ev.reused {
+                continue;
+            }
+            let key = c.key();
+            if store.judged_again(&name, &key, &ev.diagnosis, &ev.hash)? {
+                out.kept += 1;
+            }
+            let old = recorded.get(&key).and_then(correct_speedup);
+            let new = correct_speedup(&ev.diagnosis);
+            if let (Some(a), Some(b)) = (old, new) {
+                let far = |x: f64, y: f64| (y / x).ln().abs();
+                if out
+                    .moved
+                    .as_ref()
+                    .is_none_or(|(_, x, y)| far(a, b) > far(*x, *y))
+                {
+                    out.moved = Some((key, a, b));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What `mtmc rejudge` was asked to do.
+pub struct RejudgeRequest<'a> {
+    /// `--kernelbench`.
+    pub kernelbench: Option<&'a Path>,
+    /// Problems by name.
+    pub names: &'a [String],
+    /// Whole levels.
+    pub levels: &'a [u32],
+    /// Which side of the split.
+    pub split: Split,
+    /// The store.
+    pub store: &'a Path,
+    /// Limit per candidate.
+    pub timeout: Duration,
+}
+
+/// `mtmc rejudge`: [`rejudge_problem`] on each chosen problem the store
+/// holds programs of, a line per problem.
+pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<()> {
+    let problems = crate::source::Problems::load(req.kernelbench)?;
+    let mut chosen = problems.choose(req.names, |p| req.levels.contains(&p.level))?;
+    chosen.retain(|p| req.split.keeps(&p.full_name()));
+    if chosen.is_empty() {
+        bail!("no problem chosen: name problems or pass --level N (and check --split)");
+    }
+    if !req.store.is_file() {
+        return Err(mtmc_planner::store::StoreError::Missing {
+            path: req.store.to_path_buf(),
+        }
+        .into());
+    }
+    // Judging needs each problem's code for its ModelNew: say so once.
+    if let Some(e) = chosen.iter().find_map(|p| problem_source(p).err()) {
+        return Err(e);
+    }
+    let mut store = Store::open(req.store)?;
+    let held: std::collections::BTreeSet<String> =
+        store.problems()?.into_iter().map(|p| p.name).collect();
+    chosen.retain(|p| held.contains(&p.full_name()));
+    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    writeln!(
+        out,
+        "rejudge: {} problem(s) with recorded programs in {}; {}",
+        chosen.len(),
+        req.store.display(),
+        if gpu {
+            "judged on the GPU"
+        } else {
+            "no GPU: compile only (a compile-only outcome never replaces a timed one)"
+        }
+    )?;
+    let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
+    let graphs = problems.graphs(&chosen)?;
+    let bar = crate::fmt::progress_bar(0);
+    let (mut judged, mut kept) = (0, 0);
+    for (p, traced) in chosen.iter().zip(graphs) {
+        bar.set_message(p.full_name());
+        let g = match traced.graph {
+            Ok(g) => g,
+            Err(e) => {
+                bar.suspend(|| writeln!(out, "{}: no graph ({e}); skipped", p.full_name()))?;
+                continue;
+            }
+        };
+        match rejudge_problem(p, &g, &mut judge, &mut store, &bar) {
+            Ok(r) => {
+                judged += r.judged;
+                kept += r.kept;
+                bar.suspend(|| {
+                    writeln!(
+                        out,
+                        "{}: {} recorded program(s) reached, {} judged again, {} kept{}{}",
+                        p.full_name(),
+                        r.reached,
+                        r.judged,
+                        r.kept,
+                        r.moved
+                            .as_ref()
+                            .map(|(k, a, b)| format!("; most moved: {k} {a:.3}x -> {b:.3}x"))
+                            .unwrap_or_default(),
+                        if r.unreached.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; {} recorded program(s) no move reaches now, left as recorded",
+                                r.unreached.len()
+                            )
+                        }
+                    )
+                })?;
+            }
+            Err(e) => bar.suspend(|| writeln!(out, "{}: failed: {e:#}", p.full_name()))?,
+        }
+    }
+    bar.finish_and_clear();
+    writeln!(
+        out,
+        "{judged} recorded program(s) judged again (this build writes other code for them), {kept} new outcome(s) kept in {}",
+        req.store.display()
+    )?;
+    Ok(())
+}
+
 /// The names of the action kinds `explore --beyond` takes.
 pub const KINDS: [&str; 8] = [
     "call_library",
