@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{Run, mtmc, read_json, shared_jsonl, walk};
+use std::path::Path;
+
+use common::{Output, Run, mtmc, read_json, shared_jsonl, walk};
 
 /// `mtmc train` of two small iterations (a tiny policy): enough to write a
 /// checkpoint and say what it trained on.
@@ -1391,6 +1393,39 @@ fn explore_beyond_judges_the_programs_one_move_past_the_recorded_ones() {
     );
 }
 
+/// Runs `explore L2/76 --planner exhaustive` into `store` with `episodes`
+/// and `budget`, and `extra` flags.
+fn explore_l2_76(kb: &str, store: &str, episodes: &str, budget: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "--kernelbench",
+        kb,
+        "explore",
+        "L2/76",
+        "--split",
+        "all",
+        "--planner",
+        "exhaustive",
+        "--episodes",
+        episodes,
+        "--budget",
+        budget,
+        "--trajectories",
+        store,
+    ];
+    args.extend_from_slice(extra);
+    mtmc(&args).success()
+}
+
+/// The recorded hash of each program of `problem` in `store`, by key.
+fn recorded_hashes(store: &Path, problem: &str) -> std::collections::BTreeMap<String, String> {
+    let s = mtmc_planner::store::Store::open(store).unwrap();
+    s.evaluations(problem)
+        .unwrap()
+        .keys()
+        .map(|k| (k.clone(), s.evaluation_hash(problem, k).unwrap().unwrap()))
+        .collect()
+}
+
 #[test]
 fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
     let dir = tempfile::tempdir().unwrap();
@@ -1398,34 +1433,9 @@ fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
     let store_s = store.to_string_lossy().into_owned();
     let problem = "L2/76_Gemm_Add_ReLU";
     let kb = shared_jsonl();
-    let explore = |episodes: &str, extra: &[&str]| {
-        let mut args = vec![
-            "--kernelbench",
-            &kb,
-            "explore",
-            "L2/76",
-            "--split",
-            "all",
-            "--planner",
-            "exhaustive",
-            "--episodes",
-            episodes,
-            "--budget",
-            "4",
-            "--trajectories",
-            &store_s,
-        ];
-        args.extend_from_slice(extra);
-        mtmc(&args).success()
-    };
-    let hashes = || {
-        let s = mtmc_planner::store::Store::open(&store).unwrap();
-        s.evaluations(problem)
-            .unwrap()
-            .keys()
-            .map(|k| (k.clone(), s.evaluation_hash(problem, k).unwrap().unwrap()))
-            .collect::<std::collections::BTreeMap<_, _>>()
-    };
+    let explore =
+        |episodes: &str, extra: &[&str]| explore_l2_76(&kb, &store_s, episodes, "4", extra);
+    let hashes = || recorded_hashes(&store, problem);
     // Writes `hash` over the recorded hashes of the programs `keys` (SQL).
     let overwrite = |hash: &str, keys: &str| {
         rusqlite::Connection::open(&store)
@@ -1481,32 +1491,9 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
     let store_s = store.to_string_lossy().into_owned();
     let problem = "L2/76_Gemm_Add_ReLU";
     let kb = shared_jsonl();
-    mtmc(&[
-        "--kernelbench",
-        &kb,
-        "explore",
-        "L2/76",
-        "--split",
-        "all",
-        "--planner",
-        "exhaustive",
-        "--episodes",
-        "1",
-        "--budget",
-        "6",
-        "--trajectories",
-        &store_s,
-    ])
-    .success();
+    explore_l2_76(&kb, &store_s, "1", "6", &[]);
     let sql = || rusqlite::Connection::open(&store).unwrap();
-    let hashes = || {
-        let s = mtmc_planner::store::Store::open(&store).unwrap();
-        s.evaluations(problem)
-            .unwrap()
-            .keys()
-            .map(|k| (k.clone(), s.evaluation_hash(problem, k).unwrap().unwrap()))
-            .collect::<std::collections::BTreeMap<_, _>>()
-    };
+    let hashes = || recorded_hashes(&store, problem);
     let steps = || -> i64 {
         sql()
             .query_row("SELECT COUNT(*) FROM steps", [], |r| r.get(0))

@@ -1230,6 +1230,22 @@ pub fn rejudge_problem(
     Ok(out)
 }
 
+/// The problems `names` and `levels` choose of `problems`, on `split`'s
+/// side; an error where that leaves none.
+fn chosen<'p>(
+    problems: &'p crate::source::Problems,
+    names: &[String],
+    levels: &[u32],
+    split: Split,
+) -> Result<Vec<&'p mtmc_actions::problem::Problem>> {
+    let mut chosen = problems.choose(names, |p| levels.contains(&p.level))?;
+    chosen.retain(|p| split.keeps(&p.full_name()));
+    if chosen.is_empty() {
+        bail!("no problem chosen: name problems or pass --level N (and check --split)");
+    }
+    Ok(chosen)
+}
+
 /// What `mtmc rejudge` was asked to do.
 pub struct RejudgeRequest<'a> {
     /// `--kernelbench`.
@@ -1250,11 +1266,7 @@ pub struct RejudgeRequest<'a> {
 /// holds programs of, a line per problem.
 pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
-    let mut chosen = problems.choose(req.names, |p| req.levels.contains(&p.level))?;
-    chosen.retain(|p| req.split.keeps(&p.full_name()));
-    if chosen.is_empty() {
-        bail!("no problem chosen: name problems or pass --level N (and check --split)");
-    }
+    let mut chosen = chosen(&problems, req.names, req.levels, req.split)?;
     if !req.store.is_file() {
         return Err(mtmc_planner::store::StoreError::Missing {
             path: req.store.to_path_buf(),
@@ -1749,11 +1761,7 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
 /// stopped run resumes.
 pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
-    let mut chosen = problems.choose(req.names, |p| req.levels.contains(&p.level))?;
-    chosen.retain(|p| req.split.keeps(&p.full_name()));
-    if chosen.is_empty() {
-        bail!("no problem chosen: name problems or pass --level N (and check --split)");
-    }
+    let chosen = chosen(&problems, req.names, req.levels, req.split)?;
     kinds_mask("--beyond", req.beyond)?;
     if !req.beyond.is_empty() && !matches!(req.planner, Choice::Exhaustive) {
         bail!(
