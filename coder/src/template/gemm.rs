@@ -99,9 +99,12 @@ const WG_STAGE: u64 = (BM + BN) * BK * 4;
 /// Shared memory of the `wgmma` path: two slices of raw values and two of
 /// their remainders, and 1 KiB to align the swizzled tiles.
 const WG_SHARED: u64 = 4 * WG_STAGE + 1024;
-// Each of the two warpgroups' 256 threads moves four 16-byte chunks of
-// each operand's slice; a B stored `[K, N]` is one 4×4 block a thread.
-const _: () = assert!(BM * BK / 4 == 4 * 256 && (BK / 4) * (BN / 4) == 256);
+/// 16-byte chunks of one operand's slice each of the `wgmma` path's 256
+/// threads moves.
+const WG_PER: u64 = BM * BK / 4 / 256;
+// Four chunks of K-contiguous rows a thread; an operand stored `[K,
+// rows]` is one 4×4 block a thread, four chunks too.
+const _: () = assert!(WG_PER == 4 && BM == BN && (BK / 4) * (BN / 4) == 256);
 
 /// How one operand is laid out in memory.
 pub(super) struct Operand {
@@ -741,7 +744,7 @@ fn wgmma_body(name: &str, store: &str, a_k: bool, b_k: bool, pair: Pair) -> Stri
     let stage = WG_STAGE;
     let a_bytes = BM * BK * 4;
     let row = BK * 4;
-    let per = BM * BK / 4 / 256;
+    let per = WG_PER;
     let (fetch_a, put_a) = wg_operand(name, a_k, ["ra", "ab", "M", "m0"], 0);
     let (fetch_b, put_b) = wg_operand(name, b_k, ["rb", "bb", "N", "n0"], a_bytes);
     format!(
@@ -828,7 +831,7 @@ fn wg_operand(name: &str, k_contiguous: bool, names: [&str; 4], offset: u64) -> 
     let [regs, ptr, extent, origin] = names;
     let chunks = BK / 4;
     let row = BK * 4;
-    let per = BM * chunks / 256;
+    let per = WG_PER;
     if k_contiguous {
         (
             format!(
