@@ -270,6 +270,7 @@ fn help_lists_only_working_commands() {
             "eval",
             "optimize",
             "explore",
+            "rejudge",
             "train",
             "compare",
             "merge",
