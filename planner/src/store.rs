@@ -112,6 +112,36 @@ fn keep_timed(only: &str) -> String {
     )
 }
 
+/// Writes the evaluation of program `key` of `problem` (diagnosis `d`,
+/// serialized as `text`, of the fragments hashed `hash`) over the recorded
+/// one, unless that would put a compile-only outcome over a timed one
+/// ([`keep_timed`]): the rows written (0 or 1).
+fn put_evaluation(
+    conn: &rusqlite::Connection,
+    problem: &str,
+    key: &str,
+    d: &Diagnosis,
+    text: &str,
+    hash: &str,
+) -> rusqlite::Result<usize> {
+    conn.execute(
+        &format!(
+            "INSERT INTO evaluations (problem, key, status, speedup, diagnosis,
+                fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6) {}",
+            keep_timed("?7")
+        ),
+        params![
+            problem,
+            key,
+            d.status.name(),
+            d.speedup_eager,
+            text,
+            hash,
+            Status::CompiledOnly.name()
+        ],
+    )
+}
+
 /// The recorded tree that comes with mtmc, relative to the repository's
 /// root: the outcomes `mtmc explore` recorded on an H100 for KernelBench
 /// problems of levels 1, 2 and 3 (the README's Planner section says which),
@@ -492,23 +522,8 @@ impl Store {
         .map_err(err)?;
         let id = tx.last_insert_rowid();
         if let (Some(d), Some(text), false) = (&s.diagnosis, &diagnosis, s.reused) {
-            tx.execute(
-                &format!(
-                    "INSERT INTO evaluations (problem, key, status, speedup, diagnosis,
-                        fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6) {}",
-                    keep_timed("?7")
-                ),
-                params![
-                    problem.name,
-                    s.next_state,
-                    d.status.name(),
-                    d.speedup_eager,
-                    text,
-                    s.fragment_hash,
-                    Status::CompiledOnly.name()
-                ],
-            )
-            .map_err(err)?;
+            put_evaluation(&tx, &problem.name, &s.next_state, d, text, &s.fragment_hash)
+                .map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(id)
@@ -605,25 +620,8 @@ impl Store {
         hash: &str,
     ) -> Result<bool, StoreError> {
         let text = serde_json::to_string(d).map_err(|e| self.json(e))?;
-        let rows = self
-            .conn
-            .execute(
-                &format!(
-                    "INSERT INTO evaluations (problem, key, status, speedup, diagnosis,
-                        fragment_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6) {}",
-                    keep_timed("?7")
-                ),
-                params![
-                    problem,
-                    key,
-                    d.status.name(),
-                    d.speedup_eager,
-                    text,
-                    hash,
-                    Status::CompiledOnly.name()
-                ],
-            )
-            .map_err(|e| self.sql(e))?;
+        let rows =
+            put_evaluation(&self.conn, problem, key, d, &text, hash).map_err(|e| self.sql(e))?;
         Ok(rows > 0)
     }
 

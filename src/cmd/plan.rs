@@ -1132,6 +1132,32 @@ pub fn enumerate_problem(
     rec.end(&j, &open, e.best_speedup(), e.step, bests)
 }
 
+/// The library program's configuration, then those of the recorded
+/// programs (`recorded`'s keys) that moves through recorded programs reach
+/// from it, breadth first, in the order of the moves.
+fn recorded_walk<V>(
+    recorded: &std::collections::BTreeMap<String, V>,
+    shape: mtmc_planner::space::Shape,
+) -> Vec<Config> {
+    let start = Config::library(shape);
+    let mut seen: std::collections::BTreeSet<String> = [start.key()].into();
+    let mut walk = vec![start];
+    let mut i = 0;
+    while i < walk.len() {
+        let from = walk[i].clone();
+        i += 1;
+        for m in Move::all().filter(|&m| m != Move::Stop) {
+            if let Some(c) = from.apply(m, shape)
+                && recorded.contains_key(&c.key())
+                && seen.insert(c.key())
+            {
+                walk.push(c);
+            }
+        }
+    }
+    walk
+}
+
 /// What [`rejudge_problem`] found on one problem.
 pub struct Rejudged {
     /// Recorded programs the walk reached (each built once).
@@ -1165,23 +1191,8 @@ pub fn rejudge_problem(
     let mut j = Judging::new(p, g, judge)?;
     let name = j.problem.name.clone();
     let recorded = store.evaluations(&name)?;
-    let shape = j.problem.shape;
-    let start = Config::library(shape);
-    let mut seen: std::collections::BTreeSet<String> = [start.key()].into();
-    let mut walk = vec![start];
-    let mut i = 0;
-    while i < walk.len() {
-        let from = walk[i].clone();
-        i += 1;
-        for m in Move::all().filter(|&m| m != Move::Stop) {
-            if let Some(c) = from.apply(m, shape)
-                && recorded.contains_key(&c.key())
-                && seen.insert(c.key())
-            {
-                walk.push(c);
-            }
-        }
-    }
+    let mut walk = recorded_walk(&recorded, j.problem.shape);
+    let seen: std::collections::BTreeSet<String> = walk.iter().map(Config::key).collect();
     walk.retain(|c| recorded.contains_key(&c.key()));
     let mut out = Rejudged {
         reached: walk.len(),
@@ -1397,29 +1408,18 @@ pub fn extend_problem(
     let (problem, prior) = (&open.problem, &open.prior);
     let shape = problem.shape;
     let moves = kinds_mask("--beyond", kinds)?;
-    // The recorded programs reachable from the library program, and the
-    // unrecorded ones a move of `kinds` makes from a correct one.
-    let start = Config::library(shape);
-    let mut seen: std::collections::BTreeSet<String> = [start.key()].into();
-    let mut queue = std::collections::VecDeque::from([start]);
+    // The unrecorded programs a move of `kinds` makes from a correct
+    // recorded one that the library program reaches.
     let mut candidates: Vec<(f64, Config, Move, Config)> = Vec::new();
     let mut queued: std::collections::BTreeSet<String> = Default::default();
-    while let Some(c) = queue.pop_front() {
-        let parent = recorded.get(&c.key()).and_then(correct_speedup);
-        for m in Move::all().filter(|&m| m != Move::Stop) {
-            let Some(next) = c.apply(m, shape) else {
-                continue;
-            };
-            let key = next.key();
-            if recorded.contains_key(&key) {
-                if seen.insert(key) {
-                    queue.push_back(next);
-                }
-                continue;
-            }
-            if let Some(speedup) = parent
-                && moves[m.index()]
-                && queued.insert(key)
+    for c in recorded_walk(&recorded, shape) {
+        let Some(speedup) = recorded.get(&c.key()).and_then(correct_speedup) else {
+            continue;
+        };
+        for m in Move::all().filter(|&m| m != Move::Stop && moves[m.index()]) {
+            if let Some(next) = c.apply(m, shape)
+                && !recorded.contains_key(&next.key())
+                && queued.insert(next.key())
             {
                 candidates.push((speedup, c.clone(), m, next));
             }
