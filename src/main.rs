@@ -263,12 +263,18 @@ enum Command {
         /// Which problems of the fixed train/test split.
         #[arg(long, value_enum, default_value = "all")]
         split: cmd::plan::Split,
-        /// The trajectory store (not a gzipped one: it is written).
+        /// The trajectory store (not a gzipped one: it is written; a
+        /// gzipped one with --dry-run).
         #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
         trajectories: PathBuf,
         /// Seconds before a candidate's evaluation is stopped.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+        /// Count, per problem, the recorded programs a rejudge would judge
+        /// again (their code changed, or no GPU timed them), without
+        /// judging or writing anything: what the GPU time would go to.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Train the planner with PPO on the recorded trajectory tree (no GPU
     /// needed), then the reward-to-go model; write the checkpoint, curves
@@ -783,6 +789,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             split,
             trajectories,
             timeout,
+            dry_run,
         } => cmd::plan::rejudge(
             out,
             cmd::plan::RejudgeRequest {
@@ -792,6 +799,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 split,
                 store: &trajectories,
                 timeout: std::time::Duration::from_secs(timeout),
+                dry_run,
             },
         ),
         Command::Train {

@@ -1520,6 +1520,44 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
         )
         .unwrap();
     let (episodes, before) = (store.clone(), steps());
+    // A dry run counts what a rejudge would judge, and writes nothing:
+    // on the store, and on a gzipped copy of it.
+    let stale_hashes = hashes();
+    let packed = dir.path().join("packed.sqlite.gz");
+    {
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&packed).unwrap(),
+            flate2::Compression::fast(),
+        );
+        std::io::copy(&mut std::fs::File::open(&store).unwrap(), &mut gz).unwrap();
+        gz.finish().unwrap();
+    }
+    for path in [store_s.clone(), packed.to_string_lossy().into_owned()] {
+        let run = mtmc(&[
+            "--kernelbench",
+            &kb,
+            "rejudge",
+            "L2/76",
+            "--dry-run",
+            "--trajectories",
+            &path,
+        ])
+        .success();
+        // Recorded without a GPU, the unchanged programs are compiled only.
+        let line = format!(
+            "{problem}: 6 recorded program(s) reached, {stale} to judge again (their code changed), {} compiled only (judged too on a GPU); 1 recorded program(s) no move reaches now, left as recorded",
+            6 - stale
+        );
+        assert!(run.stdout.contains(&line), "{line}\n{}", run.stdout);
+        assert!(
+            run.stdout.contains(&format!(
+                "{stale} recorded program(s) on 1 problem(s) to judge again"
+            )),
+            "{}",
+            run.stdout
+        );
+    }
+    assert_eq!(hashes(), stale_hashes);
     let rejudge = || {
         mtmc(&[
             "--kernelbench",

@@ -929,6 +929,27 @@ impl<'a> Judging<'a> {
         graph_of(self.g, &self.regions, &self.rewritten, c)
     }
 
+    /// Builds `next` and says whether this build writes the code its
+    /// recorded outcome `d` in `store` was judged with (a program that
+    /// failed to build matches a recorded compile error without a hash).
+    fn same_code(
+        &self,
+        store: &Store,
+        next: &Config,
+        d: &Diagnosis,
+    ) -> Result<(bool, Result<Program, mtmc_coder::session::Failure>)> {
+        let hash = store
+            .evaluation_hash(&self.problem.name, &next.key())?
+            .unwrap_or_default();
+        let (g, regions) = self.graph(next);
+        let built = build_config(g, regions, next);
+        let same = match &built {
+            Ok(program) => fragments(program).0 == hash,
+            Err(_) => hash.is_empty() && d.status == Status::CompileError,
+        };
+        Ok((same, built))
+    }
+
     /// The best program's speedup against eager, judged once more (none
     /// without a GPU or a correct program; 0 when it is not correct again).
     fn rejudge_best(&mut self) -> Result<Option<f64>> {
@@ -981,14 +1002,7 @@ impl<'a> Judging<'a> {
             };
             known.push(match (recorded, reuse) {
                 (Some(d), Reuse::Unchanged(s)) => {
-                    let hash = s
-                        .evaluation_hash(&self.problem.name, &next.key())?
-                        .unwrap_or_default();
-                    let built = build();
-                    let same = match &built {
-                        Ok(program) => fragments(program).0 == hash,
-                        Err(_) => hash.is_empty() && d.status == Status::CompileError,
-                    };
+                    let (same, built) = self.same_code(s, next, &d)?;
                     if same {
                         Known::Recorded(d)
                     } else {
@@ -1162,8 +1176,13 @@ fn recorded_walk<V>(
 pub struct Rejudged {
     /// Recorded programs the walk reached (each built once).
     pub reached: usize,
-    /// Of those, the ones judged again: this build writes other code.
+    /// Of those, the ones judged again: this build writes other code (on
+    /// a GPU, also those recorded compiled only). In a dry run, those
+    /// whose code changed.
     pub judged: usize,
+    /// In a dry run, the programs whose code is unchanged but that were
+    /// recorded compiled only: a rejudge on a GPU judges them too.
+    pub untimed: usize,
     /// Of those, the ones whose new outcome the store kept (a compile-only
     /// outcome never replaces a timed one).
     pub kept: usize,
@@ -1187,6 +1206,7 @@ pub fn rejudge_problem(
     judge: &mut ProblemJudge,
     store: &mut Store,
     bar: &ProgressBar,
+    dry_run: bool,
 ) -> Result<Rejudged> {
     let mut j = Judging::new(p, g, judge)?;
     let name = j.problem.name.clone();
@@ -1197,6 +1217,7 @@ pub fn rejudge_problem(
     let mut out = Rejudged {
         reached: walk.len(),
         judged: 0,
+        untimed: 0,
         kept: 0,
         unreached: recorded
             .keys()
@@ -1206,15 +1227,28 @@ pub fn rejudge_problem(
         moved: None,
     };
     bar.set_length(bar.length().unwrap_or(0) + walk.len() as u64);
+    if dry_run {
+        // What a rejudge would judge: the programs whose code changed and,
+        // on a GPU, those recorded where no GPU timed them.
+        for c in &walk {
+            bar.inc(1);
+            let d = &recorded[&c.key()];
+            if !j.same_code(store, c, d)?.0 {
+                out.judged += 1;
+            } else if !reusable(d, true) {
+                out.untimed += 1;
+            }
+        }
+        return Ok(out);
+    }
     let per = j.judge.in_flight().max(1);
     for round in walk.chunks(per) {
         let asked: Vec<(Move, Config, String)> = round
             .iter()
             .map(|c| (Move::Stop, c.clone(), c.key()))
             .collect();
-        let before = j.changed;
         let evaluated = j.evaluate(Reuse::Unchanged(&*store), &asked)?;
-        out.judged += j.changed - before;
+        out.judged += evaluated.iter().filter(|e| !e.reused).count();
         for (ev, c) in evaluated.into_iter().zip(round) {
             bar.inc(1);
             if ev.reused {
@@ -1271,6 +1305,9 @@ pub struct RejudgeRequest<'a> {
     pub store: &'a Path,
     /// Limit per candidate.
     pub timeout: Duration,
+    /// Only count what would be judged again: build, judge nothing, write
+    /// nothing.
+    pub dry_run: bool,
 }
 
 /// `mtmc rejudge`: [`rejudge_problem`] on each chosen problem the store
@@ -1288,17 +1325,37 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     if let Some(e) = chosen.iter().find_map(|p| problem_source(p).err()) {
         return Err(e);
     }
-    let mut store = Store::open(req.store)?;
+    if req.dry_run {
+        // The coder compiles every fragment it writes and falls back where
+        // one fails: without NVRTC it writes other programs than the ones
+        // recorded, and every one would read as changed.
+        match mtmc_env::probe::nvrtc_version() {
+            Ok((13, _)) => {}
+            Ok((major, minor)) => bail!(
+                "rejudge --dry-run builds every program as the coder does, compiling each fragment with NVRTC, and NVRTC {major}.{minor} is not the CUDA 13 mtmc is built for: put NVRTC 13 first on LD_LIBRARY_PATH (pip install 'nvidia-cuda-nvrtc==13.0.*'; `mtmc doctor` prints the line)"
+            ),
+            Err(why) => bail!(
+                "rejudge --dry-run builds every program as the coder does, compiling each fragment with NVRTC, and NVRTC was not found ({why}): pip install 'nvidia-cuda-nvrtc==13.0.*' and add its nvidia/cu13/lib directory to LD_LIBRARY_PATH (`mtmc doctor` prints the line)"
+            ),
+        }
+    }
+    let mut store = if req.dry_run {
+        Store::open_to_read(req.store)?
+    } else {
+        Store::open(req.store)?
+    };
     let held: std::collections::BTreeSet<String> =
         store.problems()?.into_iter().map(|p| p.name).collect();
     chosen.retain(|p| held.contains(&p.full_name()));
-    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let gpu = !req.dry_run && mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
     writeln!(
         out,
         "rejudge: {} problem(s) with recorded programs in {}; {}",
         chosen.len(),
         req.store.display(),
-        if gpu {
+        if req.dry_run {
+            "a dry run: programs built and counted, none judged, nothing written"
+        } else if gpu {
             "judged on the GPU"
         } else {
             "no GPU: compile only (a compile-only outcome never replaces a timed one)"
@@ -1307,7 +1364,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
     let graphs = problems.graphs(&chosen)?;
     let bar = crate::fmt::progress_bar(0);
-    let (mut judged, mut kept) = (0, 0);
+    let (mut judged, mut kept, mut untimed, mut with_work) = (0, 0, 0, 0);
     for (p, traced) in chosen.iter().zip(graphs) {
         bar.set_message(p.full_name());
         let g = match traced.graph {
@@ -1317,18 +1374,31 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                 continue;
             }
         };
-        match rejudge_problem(p, &g, &mut judge, &mut store, &bar) {
+        match rejudge_problem(p, &g, &mut judge, &mut store, &bar, req.dry_run) {
             Ok(r) => {
                 judged += r.judged;
                 kept += r.kept;
+                untimed += r.untimed;
+                with_work += usize::from(r.judged > 0);
                 bar.suspend(|| {
                     writeln!(
                         out,
-                        "{}: {} recorded program(s) reached, {} judged again, {} kept{}{}",
+                        "{}: {} recorded program(s) reached, {} {}{}{}",
                         p.full_name(),
                         r.reached,
                         r.judged,
-                        r.kept,
+                        if req.dry_run {
+                            format!(
+                                "to judge again (their code changed){}",
+                                if r.untimed > 0 {
+                                    format!(", {} compiled only (judged too on a GPU)", r.untimed)
+                                } else {
+                                    String::new()
+                                }
+                            )
+                        } else {
+                            format!("judged again, {} kept", r.kept)
+                        },
                         r.moved
                             .as_ref()
                             .map(|(k, a, b)| format!("; most moved: {k} {a:.3}x -> {b:.3}x"))
@@ -1348,6 +1418,18 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         }
     }
     bar.finish_and_clear();
+    if req.dry_run {
+        writeln!(
+            out,
+            "{judged} recorded program(s) on {with_work} problem(s) to judge again (this build writes other code for them){}; nothing judged or written: run without --dry-run to judge them",
+            if untimed > 0 {
+                format!(", and {untimed} recorded compiled only that a rejudge on a GPU judges too")
+            } else {
+                String::new()
+            }
+        )?;
+        return Ok(());
+    }
     writeln!(
         out,
         "{judged} recorded program(s) judged again (this build writes other code for them), {kept} new outcome(s) kept in {}",
