@@ -1617,4 +1617,19 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
         .failure();
         assert!(run.stderr.contains(says), "{}", run.stderr);
     }
+    // Without the problems' code (built-in traces only), it says what to
+    // pass, dry run or not.
+    for dry in [false, true] {
+        let mut args = vec!["rejudge", "L2/76", "--trajectories", &store_s];
+        if dry {
+            args.push("--dry-run");
+        }
+        let run = mtmc(&args).failure();
+        assert!(
+            run.stderr.contains(&format!("{problem}'s code is needed"))
+                && run.stderr.contains("--kernelbench"),
+            "{}",
+            run.stderr
+        );
+    }
 }

@@ -707,7 +707,7 @@ pub(crate) fn write_model_new(
 pub(crate) fn problem_source(p: &mtmc_actions::problem::Problem) -> Result<ProblemSource> {
     if p.code.is_empty() {
         bail!(
-            "optimize needs {p}'s code for its ModelNew: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+            "{p}'s code is needed (a ModelNew of it is judged against its Model), and only its trace is built in: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
         );
     }
     Ok(ProblemSource {
