@@ -879,7 +879,13 @@ struct Judging<'a> {
     found: Found,
     /// Recorded programs judged again because their code changed.
     changed: usize,
+    /// Programs built ahead ([`Judging::prebuild`]), by key, each taken
+    /// by the first build of its configuration.
+    built: std::collections::HashMap<String, Built>,
 }
+
+/// A configuration's program, or why the coder could not build it.
+type Built = Result<Program, mtmc_coder::session::Failure>;
 
 impl<'a> Judging<'a> {
     fn new(
@@ -921,6 +927,51 @@ impl<'a> Judging<'a> {
             judge,
             found: Found::default(),
             changed: 0,
+            built: std::collections::HashMap::new(),
+        })
+    }
+
+    /// Builds `configs` ahead, on every core: building compiles each
+    /// fragment with NVRTC, which on a walk over a problem's recorded
+    /// programs would otherwise take as long as judging them.
+    fn prebuild(&mut self, configs: &[Config]) {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .min(configs.len());
+        if threads < 2 {
+            return;
+        }
+        let (g, regions, rewritten) = (self.g, &self.regions, &self.rewritten);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let built: Vec<(String, Built)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(c) = configs.get(i) else {
+                                return done;
+                            };
+                            let (g, regions) = graph_of(g, regions, rewritten, c);
+                            done.push((c.key(), build_config(g, regions, c)));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("a build thread does not panic"))
+                .collect()
+        });
+        self.built.extend(built);
+    }
+
+    /// Configuration `c`'s program: built ahead, or built now.
+    fn build(&mut self, c: &Config) -> Built {
+        self.built.remove(&c.key()).unwrap_or_else(|| {
+            let (g, regions) = self.graph(c);
+            build_config(g, regions, c)
         })
     }
 
@@ -932,17 +983,11 @@ impl<'a> Judging<'a> {
     /// Builds `next` and says whether this build writes the code its
     /// recorded outcome `d` in `store` was judged with (a program that
     /// failed to build matches a recorded compile error without a hash).
-    fn same_code(
-        &self,
-        store: &Store,
-        next: &Config,
-        d: &Diagnosis,
-    ) -> Result<(bool, Result<Program, mtmc_coder::session::Failure>)> {
+    fn same_code(&mut self, store: &Store, next: &Config, d: &Diagnosis) -> Result<(bool, Built)> {
         let hash = store
             .evaluation_hash(&self.problem.name, &next.key())?
             .unwrap_or_default();
-        let (g, regions) = self.graph(next);
-        let built = build_config(g, regions, next);
+        let built = self.build(next);
         let same = match &built {
             Ok(program) => fragments(program).0 == hash,
             Err(_) => hash.is_empty() && d.status == Status::CompileError,
@@ -996,10 +1041,6 @@ impl<'a> Judging<'a> {
                 Reuse::Nothing => None,
             }
             .filter(|d| reusable(d, self.judge.gpu));
-            let build = || {
-                let (g, regions) = self.graph(next);
-                build_config(g, regions, next)
-            };
             known.push(match (recorded, reuse) {
                 (Some(d), Reuse::Unchanged(s)) => {
                     let (same, built) = self.same_code(s, next, &d)?;
@@ -1011,7 +1052,7 @@ impl<'a> Judging<'a> {
                     }
                 }
                 (Some(d), _) => Known::Recorded(d),
-                (None, _) => Known::Built(build()),
+                (None, _) => Known::Built(self.build(next)),
             });
         }
         let to_judge: Vec<(&OpGraph, &Program, String)> = known
@@ -1227,6 +1268,7 @@ pub fn rejudge_problem(
         moved: None,
     };
     bar.set_length(bar.length().unwrap_or(0) + walk.len() as u64);
+    j.prebuild(&walk);
     if dry_run {
         // What a rejudge would judge: the programs whose code changed and,
         // on a GPU, those recorded where no GPU timed them.
