@@ -1553,6 +1553,8 @@ pub fn extend_problem(
     // index order.
     candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
     candidates.truncate(budget);
+    let ahead: Vec<Config> = candidates.iter().map(|(.., next)| next.clone()).collect();
+    j.prebuild(&ahead);
     let reward = Reward::default();
     let mut best = recorded
         .values()
