@@ -175,6 +175,30 @@ pub fn python_report() -> Result<Value, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| format!("unreadable report: {e}"))
 }
 
+/// Whether the NVRTC mtmc is built for (CUDA 13) loads, and how to get it
+/// when not; `wheel_lib`: the lib directory of a pip-installed NVRTC wheel,
+/// where the Python worker found one.
+pub fn nvrtc(wheel_lib: Option<String>) -> Check {
+    match nvrtc_version() {
+        Ok((major, minor)) if major == 13 => Check::found("NVRTC", format!("{major}.{minor}")),
+        Ok((major, minor)) => Check::missing(
+            "NVRTC",
+            format!("{major}.{minor} found, but mtmc is built for CUDA 13"),
+            "put NVRTC 13 first on LD_LIBRARY_PATH (pip install 'nvidia-cuda-nvrtc==13.0.*')",
+        ),
+        Err(why) => Check::missing(
+            "NVRTC",
+            why,
+            match wheel_lib {
+                Some(dir) => format!("export LD_LIBRARY_PATH={dir}:$LD_LIBRARY_PATH"),
+                None => "pip install 'nvidia-cuda-nvrtc==13.0.*', then add its nvidia/cu13/lib \
+                         directory to LD_LIBRARY_PATH (mtmc doctor prints the exact line once it is installed)"
+                    .to_string(),
+            },
+        ),
+    }
+}
+
 /// Every check `mtmc doctor` prints, in order.
 pub fn doctor() -> Vec<Check> {
     let mut checks = Vec::new();
@@ -214,24 +238,7 @@ pub fn doctor() -> Vec<Check> {
         .and_then(|r| r.get("nvrtc_wheel_lib"))
         .and_then(Value::as_str)
         .map(str::to_string);
-    checks.push(match nvrtc_version() {
-        Ok((major, minor)) if major == 13 => Check::found("NVRTC", format!("{major}.{minor}")),
-        Ok((major, minor)) => Check::missing(
-            "NVRTC",
-            format!("{major}.{minor} found, but mtmc is built for CUDA 13"),
-            "put NVRTC 13 first on LD_LIBRARY_PATH (pip install 'nvidia-cuda-nvrtc==13.0.*')",
-        ),
-        Err(why) => Check::missing(
-            "NVRTC",
-            why,
-            match wheel_lib {
-                Some(dir) => format!("export LD_LIBRARY_PATH={dir}:$LD_LIBRARY_PATH"),
-                None => "pip install 'nvidia-cuda-nvrtc==13.0.*', then add its nvidia/cu13/lib \
-                         directory to LD_LIBRARY_PATH (mtmc doctor prints the exact line once it is installed)"
-                    .to_string(),
-            },
-        ),
-    });
+    checks.push(nvrtc(wheel_lib));
     let name = python::interpreter().to_string_lossy().into_owned();
     match py {
         Err(why) => checks.push(Check::missing(

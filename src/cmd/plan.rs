@@ -1371,14 +1371,13 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         // The coder compiles every fragment it writes and falls back where
         // one fails: without NVRTC it writes other programs than the ones
         // recorded, and every one would read as changed.
-        match mtmc_env::probe::nvrtc_version() {
-            Ok((13, _)) => {}
-            Ok((major, minor)) => bail!(
-                "rejudge --dry-run builds every program as the coder does, compiling each fragment with NVRTC, and NVRTC {major}.{minor} is not the CUDA 13 mtmc is built for: put NVRTC 13 first on LD_LIBRARY_PATH (pip install 'nvidia-cuda-nvrtc==13.0.*'; `mtmc doctor` prints the line)"
-            ),
-            Err(why) => bail!(
-                "rejudge --dry-run builds every program as the coder does, compiling each fragment with NVRTC, and NVRTC was not found ({why}): pip install 'nvidia-cuda-nvrtc==13.0.*' and add its nvidia/cu13/lib directory to LD_LIBRARY_PATH (`mtmc doctor` prints the line)"
-            ),
+        let nvrtc = mtmc_env::probe::nvrtc(None);
+        if !nvrtc.ok {
+            bail!(
+                "rejudge --dry-run builds every program as the coder does, compiling each fragment with NVRTC: {}; {}",
+                nvrtc.detail,
+                nvrtc.fix.unwrap_or_default()
+            );
         }
     }
     let mut store = if req.dry_run {
