@@ -238,6 +238,12 @@ enum Command {
         /// retile, vectorize, rewrite, cuda_graph).
         #[arg(long, value_name = "KIND")]
         beyond: Vec<String>,
+        /// With --beyond: the parents fewest moves from the library
+        /// program first (the fastest first among those), instead of the
+        /// fastest first, so that the programs every planner's first steps
+        /// reach get their children judged before deep ones.
+        #[arg(long)]
+        shallow_first: bool,
         /// Build every recorded program an episode reaches, and judge it
         /// again where this build writes other code than the one judged
         /// (a coder change since it was recorded), instead of taking its
@@ -765,6 +771,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             timeout,
             seed,
             beyond,
+            shallow_first,
             rejudge_changed,
         } => cmd::plan::explore(
             out,
@@ -779,7 +786,10 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 store: &trajectories,
                 timeout: std::time::Duration::from_secs(timeout),
                 seed,
-                beyond: &beyond,
+                beyond: cmd::plan::Beyond {
+                    kinds: &beyond,
+                    shallow_first,
+                },
                 rejudge_changed,
             },
         ),

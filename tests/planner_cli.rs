@@ -1303,15 +1303,25 @@ fn explore_beyond_judges_the_programs_one_move_past_the_recorded_ones() {
             done.get(problem).copied().unwrap_or(0),
         )
     };
-    let episodes = (done_before + 1).to_string();
-    let explore = |planner: &str, kind: &str| {
-        mtmc(&[
+    let kb = shared_jsonl();
+    // `explore L2/19` into the copy, with `args` after it.
+    let explore_with = |args: &[&str]| {
+        let mut all = vec![
             "--kernelbench",
-            &shared_jsonl(),
+            &kb,
             "explore",
             "L2/19",
             "--split",
             "all",
+            "--trajectories",
+            &store_s,
+        ];
+        all.extend_from_slice(args);
+        mtmc(&all)
+    };
+    let episodes = (done_before + 1).to_string();
+    let explore = |planner: &str, kind: &str| {
+        explore_with(&[
             "--planner",
             planner,
             "--beyond",
@@ -1320,14 +1330,12 @@ fn explore_beyond_judges_the_programs_one_move_past_the_recorded_ones() {
             &episodes,
             "--budget",
             "2",
-            "--trajectories",
-            &store_s,
         ])
     };
     let run = explore("exhaustive", "rewrite").success();
     assert!(
         run.stdout.contains(
-            "planner exhaustive-beyond (one rewrite move beyond the recorded programs), budget 2"
+            "planner exhaustive-beyond (one rewrite move beyond the recorded programs, the fastest parents first), budget 2"
         ) && run.stdout.contains("in 2 evaluation(s)"),
         "{}",
         run.stdout
@@ -1377,6 +1385,60 @@ fn explore_beyond_judges_the_programs_one_move_past_the_recorded_ones() {
         again.stdout.contains("0 episode(s) to run"),
         "{}",
         again.stdout
+    );
+
+    // Nearest the library program first: its own CUDA graph (its
+    // outcome taken out of the store here), though faster parents lack
+    // theirs too.
+    rusqlite::Connection::open(&store)
+        .unwrap()
+        .execute(
+            "DELETE FROM evaluations WHERE problem = ?1 AND key = 'library cuda-graph'",
+            [problem],
+        )
+        .unwrap();
+    let after = mtmc_planner::store::Store::open(&store)
+        .unwrap()
+        .evaluations(problem)
+        .unwrap();
+    assert!(!after.contains_key("library cuda-graph"));
+    let speedup = |k: &str| mtmc_planner::store::correct_speedup(&after[k]).unwrap_or(0.0);
+    assert!(
+        after.keys().any(|k| speedup(k) > speedup("library")
+            && !k.contains("cuda-graph")
+            && !after.contains_key(&format!("{k} cuda-graph"))),
+        "no faster parent without its CUDA graph: the order is not shown"
+    );
+    let episodes = (done_before + 2).to_string();
+    let mut args = vec![
+        "--planner",
+        "exhaustive",
+        "--beyond",
+        "cuda_graph",
+        "--shallow-first",
+        "--episodes",
+        &episodes,
+        "--budget",
+        "1",
+    ];
+    let run = explore_with(&args).success();
+    assert!(
+        run.stdout.contains("(one cuda_graph move beyond the recorded programs, the parents nearest the library program first), budget 1"),
+        "{}",
+        run.stdout
+    );
+    let s = mtmc_planner::store::Store::open(&store).unwrap();
+    let shallow = s.evaluations(problem).unwrap();
+    let new: Vec<&String> = shallow.keys().filter(|k| !after.contains_key(*k)).collect();
+    assert_eq!(new, ["library cuda-graph"]);
+    drop(s);
+    // --shallow-first orders --beyond's parents: alone it is refused.
+    args.retain(|a| *a != "--beyond" && *a != "cuda_graph");
+    let err = explore_with(&args).failure();
+    assert!(
+        err.error.contains("--shallow-first") && err.error.contains("give --beyond KIND"),
+        "{}",
+        err.error
     );
 
     let err = explore("random", "rewrite").failure();

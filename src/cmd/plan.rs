@@ -1189,24 +1189,26 @@ pub fn enumerate_problem(
 
 /// The library program's configuration, then those of the recorded
 /// programs (`recorded`'s keys) that moves through recorded programs reach
-/// from it, breadth first, in the order of the moves.
+/// from it, breadth first, in the order of the moves; each with its depth
+/// (the fewest moves that reach it from the library program, 0 for that
+/// one).
 fn recorded_walk<V>(
     recorded: &std::collections::BTreeMap<String, V>,
     shape: mtmc_planner::space::Shape,
-) -> Vec<Config> {
+) -> Vec<(Config, usize)> {
     let start = Config::library(shape);
     let mut seen: std::collections::BTreeSet<String> = [start.key()].into();
-    let mut walk = vec![start];
+    let mut walk = vec![(start, 0)];
     let mut i = 0;
     while i < walk.len() {
-        let from = walk[i].clone();
+        let (from, depth) = walk[i].clone();
         i += 1;
         for m in Move::all().filter(|&m| m != Move::Stop) {
             if let Some(c) = from.apply(m, shape)
                 && recorded.contains_key(&c.key())
                 && seen.insert(c.key())
             {
-                walk.push(c);
+                walk.push((c, depth + 1));
             }
         }
     }
@@ -1252,7 +1254,10 @@ pub fn rejudge_problem(
     let mut j = Judging::new(p, g, judge)?;
     let name = j.problem.name.clone();
     let recorded = store.evaluations(&name)?;
-    let mut walk = recorded_walk(&recorded, j.problem.shape);
+    let mut walk: Vec<Config> = recorded_walk(&recorded, j.problem.shape)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
     let seen: std::collections::BTreeSet<String> = walk.iter().map(Config::key).collect();
     walk.retain(|c| recorded.contains_key(&c.key()));
     let mut out = Rejudged {
@@ -1508,21 +1513,33 @@ pub fn kinds_mask(flag: &str, kinds: &[String]) -> Result<[bool; ACTIONS]> {
 /// The planner name `explore --beyond` records its episodes under.
 pub const BEYOND: &str = "exhaustive-beyond";
 
-/// Evaluates up to `budget` programs that one move of `kinds` makes from a
-/// recorded correct program of `p` and that the store has no outcome for:
-/// the parents fastest first, each parent's moves in index order. The
-/// recorded programs are those reached from the library program through
-/// recorded programs. Each evaluation is one step of a `BEYOND` episode,
-/// observed and rewarded as the second step of an episode whose best so
-/// far is the parent, so that its reward is what the move earned over the
-/// program it refined.
+/// Which unrecorded programs `explore --beyond` judges: the moves, and the
+/// order of the parents they are made from.
+#[derive(Clone, Copy)]
+pub struct Beyond<'a> {
+    /// Action kinds (`KINDS`) whose moves make the programs.
+    pub kinds: &'a [String],
+    /// The parents fewest moves from the library program first (the
+    /// fastest first among those), instead of the fastest first.
+    pub shallow_first: bool,
+}
+
+/// Evaluates up to `budget` programs that one move of `beyond.kinds` makes
+/// from a recorded correct program of `p` and that the store has no
+/// outcome for: the parents fastest first (or, `beyond.shallow_first`,
+/// nearest the library program first, then fastest), each parent's moves
+/// in index order. The recorded programs are those reached from the
+/// library program through recorded programs. Each evaluation is one step
+/// of a `BEYOND` episode, observed and rewarded as the second step of an
+/// episode whose best so far is the parent, so that its reward is what the
+/// move earned over the program it refined.
 pub fn extend_problem(
     out: &mut dyn std::io::Write,
     p: &mtmc_actions::problem::Problem,
     g: &OpGraph,
     judge: &mut ProblemJudge,
     budget: usize,
-    kinds: &[String],
+    beyond: Beyond<'_>,
     rec: &mut Recording<'_>,
 ) -> Result<EpisodeResult> {
     let mut j = Judging::new(p, g, judge)?;
@@ -1530,12 +1547,13 @@ pub fn extend_problem(
     let open = rec.begin(&j, BEYOND)?;
     let (problem, prior) = (&open.problem, &open.prior);
     let shape = problem.shape;
-    let moves = kinds_mask("--beyond", kinds)?;
+    let moves = kinds_mask("--beyond", beyond.kinds)?;
     // The unrecorded programs a move of `kinds` makes from a correct
-    // recorded one that the library program reaches.
-    let mut candidates: Vec<(f64, Config, Move, Config)> = Vec::new();
+    // recorded one that the library program reaches, with the parent's
+    // depth and speedup.
+    let mut candidates: Vec<(usize, f64, Config, Move, Config)> = Vec::new();
     let mut queued: std::collections::BTreeSet<String> = Default::default();
-    for c in recorded_walk(&recorded, shape) {
+    for (c, depth) in recorded_walk(&recorded, shape) {
         let Some(speedup) = recorded.get(&c.key()).and_then(correct_speedup) else {
             continue;
         };
@@ -1544,13 +1562,17 @@ pub fn extend_problem(
                 && !recorded.contains_key(&next.key())
                 && queued.insert(next.key())
             {
-                candidates.push((speedup, c.clone(), m, next));
+                candidates.push((depth, speedup, c.clone(), m, next));
             }
         }
     }
-    // Fastest parents first; a stable sort keeps each parent's moves in
-    // index order.
-    candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+    // Fastest parents first (shallowest first, if asked); a stable sort
+    // keeps each parent's moves in index order.
+    if beyond.shallow_first {
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    } else {
+        candidates.sort_by(|a, b| b.1.total_cmp(&a.1));
+    }
     candidates.truncate(budget);
     let ahead: Vec<Config> = candidates.iter().map(|(.., next)| next.clone()).collect();
     j.prebuild(&ahead);
@@ -1568,7 +1590,7 @@ pub fn extend_problem(
         let started = now();
         let asked: Vec<(Move, Config, String)> = round
             .iter()
-            .map(|(_, parent, m, next)| {
+            .map(|(_, _, parent, m, next)| {
                 (
                     *m,
                     next.clone(),
@@ -1577,7 +1599,7 @@ pub fn extend_problem(
             })
             .collect();
         let judged = j.evaluate(Reuse::Nothing, &asked)?;
-        for (ev, ((_, parent, m, next), (_, _, label))) in
+        for (ev, ((_, _, parent, m, next), (_, _, label))) in
             judged.into_iter().zip(round.iter().zip(&asked))
         {
             // An episode at its second step, the parent its best so far.
@@ -1826,8 +1848,8 @@ pub struct ExploreRequest<'a> {
     pub seed: u64,
     /// Action kinds (`KINDS`): with the exhaustive planner, evaluate the
     /// programs one such move beyond the recorded ones instead
-    /// (`extend_problem`).
-    pub beyond: &'a [String],
+    /// (`extend_problem`), in the order it says.
+    pub beyond: Beyond<'a>,
     /// Judge again the recorded programs whose code changed
     /// ([`Reuse::Unchanged`]).
     pub rejudge_changed: bool,
@@ -1887,8 +1909,13 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
 pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
     let chosen = chosen(&problems, req.names, req.levels, req.split)?;
-    kinds_mask("--beyond", req.beyond)?;
-    if !req.beyond.is_empty() && !matches!(req.planner, Choice::Exhaustive) {
+    kinds_mask("--beyond", req.beyond.kinds)?;
+    if req.beyond.shallow_first && req.beyond.kinds.is_empty() {
+        bail!(
+            "--shallow-first orders the parents of the programs --beyond judges: give --beyond KIND (with --planner exhaustive) too"
+        );
+    }
+    if !req.beyond.kinds.is_empty() && !matches!(req.planner, Choice::Exhaustive) {
         bail!(
             "--beyond enumerates the programs beyond the recorded ones, which only the exhaustive planner does: add --planner exhaustive"
         );
@@ -1897,7 +1924,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     let mut loaded = req.planner.load(req.seed)?;
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
     let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
-    let name = if req.beyond.is_empty() {
+    let name = if req.beyond.kinds.is_empty() {
         loaded.planner.name()
     } else {
         BEYOND
@@ -1922,12 +1949,17 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         total,
         chosen.len() * req.episodes - total,
         req.store.display(),
-        if req.beyond.is_empty() {
+        if req.beyond.kinds.is_empty() {
             name.to_string()
         } else {
             format!(
-                "{name} (one {} move beyond the recorded programs)",
-                req.beyond.join(" or ")
+                "{name} (one {} move beyond the recorded programs, {})",
+                req.beyond.kinds.join(" or "),
+                if req.beyond.shallow_first {
+                    "the parents nearest the library program first"
+                } else {
+                    "the fastest parents first"
+                }
             )
         },
         req.budget,
@@ -1963,7 +1995,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
             bar.set_message(format!("{} episode {}", p.full_name(), k + 1));
             log.clear();
             let seed = req.seed.wrapping_add(k as u64);
-            let r = if !req.beyond.is_empty() {
+            let r = if !req.beyond.kinds.is_empty() {
                 extend_problem(
                     &mut log,
                     p,
