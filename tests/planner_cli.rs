@@ -1611,6 +1611,17 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
             6 - stale
         );
         assert!(run.stdout.contains(&line), "{line}\n{}", run.stdout);
+        // It names the changed programs: the GEMM ones, up to five.
+        let named = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&line))
+            .and_then(|l| l.split_once("; changed: "))
+            .map(|(_, keys)| keys.to_string())
+            .unwrap_or_default();
+        let keys: Vec<&str> = named.split(" and ").next().unwrap().split(", ").collect();
+        assert_eq!(keys.len(), stale.min(5), "{named}");
+        assert!(keys.iter().all(|k| k.contains("gemm")), "{named}");
         assert!(
             run.stdout.contains(&format!(
                 "{stale} recorded program(s) on 1 problem(s) to judge again"

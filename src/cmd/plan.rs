@@ -1235,7 +1235,13 @@ pub struct Rejudged {
     /// The program judged again whose speedup moved most, with its
     /// recorded and new speedups (correct both times).
     pub moved: Option<(String, f64, f64)>,
+    /// In a dry run, the keys of the programs whose code changed, in the
+    /// walk's order.
+    pub changed: Vec<String>,
 }
+
+/// How many of a problem's changed programs a dry run names.
+const NAMED: usize = 5;
 
 /// `mtmc rejudge` on one problem: every recorded program of it, reached
 /// from the library program by moves through recorded programs, breadth
@@ -1271,6 +1277,7 @@ pub fn rejudge_problem(
             .cloned()
             .collect(),
         moved: None,
+        changed: Vec::new(),
     };
     bar.set_length(bar.length().unwrap_or(0) + walk.len() as u64);
     j.prebuild(&walk);
@@ -1282,6 +1289,7 @@ pub fn rejudge_problem(
             let d = &recorded[&c.key()];
             if !j.same_code(store, c, d)?.0 {
                 out.judged += 1;
+                out.changed.push(c.key());
             } else if !reusable(d, true) {
                 out.untimed += 1;
             }
@@ -1320,6 +1328,19 @@ pub fn rejudge_problem(
         }
     }
     Ok(out)
+}
+
+/// `; changed: KEY, KEY, …` for a dry run's changed programs (the first
+/// `NAMED`, and how many more), or nothing.
+fn named(changed: &[String]) -> String {
+    if changed.is_empty() {
+        return String::new();
+    }
+    let shown = changed[..changed.len().min(NAMED)].join(", ");
+    match changed.len().saturating_sub(NAMED) {
+        0 => format!("; changed: {shown}"),
+        more => format!("; changed: {shown} and {more} more"),
+    }
 }
 
 /// The problems `names` and `levels` choose of `problems`, on `split`'s
@@ -1429,7 +1450,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                 bar.suspend(|| {
                     writeln!(
                         out,
-                        "{}: {} recorded program(s) reached, {} {}{}{}",
+                        "{}: {} recorded program(s) reached, {} {}{}{}{}",
                         p.full_name(),
                         r.reached,
                         r.judged,
@@ -1456,7 +1477,8 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                                 "; {} recorded program(s) no move reaches now, left as recorded",
                                 r.unreached.len()
                             )
-                        }
+                        },
+                        named(&r.changed)
                     )
                 })?;
             }
