@@ -277,8 +277,9 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
         /// Count, per problem, the recorded programs a rejudge would judge
-        /// again (their code changed, or no GPU timed them), without
-        /// judging or writing anything: what the GPU time would go to.
+        /// again (their code changed, or no GPU timed them), and name the
+        /// first five whose code changed, without judging or writing
+        /// anything: what the GPU time would go to.
         #[arg(long)]
         dry_run: bool,
     },
