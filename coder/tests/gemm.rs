@@ -25,6 +25,38 @@ fn realize(g: &OpGraph) -> Result<Fragment, Refusal> {
     realize_with_rest(g, |op| matches!(op, Op::MatMul(_)))
 }
 
+/// `f` compiled for Hopper's `sm_90a` (`wgmma`: true) and for Ampere:
+/// each build compiles, and the Hopper one does not spill. Staging a
+/// slice in registers leaves the `wgmma` body near the 255 registers a
+/// thread may have: it must not spill, with any epilogue. (Ampere's build
+/// of the eight-warp `mma.sync` body may.)
+fn both_targets(
+    f: &Fragment,
+    src: &str,
+) -> Vec<(mtmc_env::nvrtc::Arch, bool, mtmc_env::nvrtc::CompileReport)> {
+    [
+        (mtmc_env::nvrtc::Arch::SM90, true),
+        (mtmc_env::nvrtc::Arch { major: 8, minor: 0 }, false),
+    ]
+    .into_iter()
+    .map(|(arch, wgmma)| {
+        let unit = mtmc_env::nvrtc::CompileUnit {
+            name: "k.cu".into(),
+            source: f.source.clone(),
+        };
+        let r = mtmc_env::nvrtc::compile(&unit, arch).expect("NVRTC");
+        assert!(r.ok, "{src} for {}: {}", arch.target(), r.log);
+        assert!(
+            !wgmma || r.kernels.iter().all(|k| !k.spills()),
+            "{src} for {}: {}",
+            arch.target(),
+            r.log
+        );
+        (arch, wgmma, r)
+    })
+    .collect()
+}
+
 #[test]
 fn every_layout_and_batches_compile_with_the_epilogue_fused() {
     for (src, shapes, inputs) in [
@@ -62,26 +94,7 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
         assert_eq!(f.source.contains("((float*)&ra[1])[q]"), a_t, "{src}");
         assert_eq!(f.source.contains("((float*)&rb[1])[q]"), !b_k, "{src}");
         // Hopper's build issues `wgmma`; Ampere's builds the other path.
-        for (arch, wgmma) in [
-            (mtmc_env::nvrtc::Arch::SM90, true),
-            (mtmc_env::nvrtc::Arch { major: 8, minor: 0 }, false),
-        ] {
-            let unit = mtmc_env::nvrtc::CompileUnit {
-                name: "k.cu".into(),
-                source: f.source.clone(),
-            };
-            let r = mtmc_env::nvrtc::compile(&unit, arch).expect("NVRTC");
-            assert!(r.ok, "{src} for {}: {}", arch.target(), r.log);
-            // Staging a slice in registers leaves the `wgmma` body
-            // near the 255 registers a thread may have: it must not
-            // spill, with any of these epilogues. (Ampere's build of
-            // the eight-warp `mma.sync` body may.)
-            assert!(
-                !wgmma || r.kernels.iter().all(|k| !k.spills()),
-                "{src} for {}: {}",
-                arch.target(),
-                r.log
-            );
+        for (arch, wgmma, r) in both_targets(&f, src) {
             let ptx = r.ptx.clone().unwrap_or_default();
             assert_eq!(
                 ptx.contains("wgmma.mma_async"),
@@ -106,12 +119,86 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
     assert_eq!(realize(&g).unwrap().launch.grid, 3 * 2);
 }
 
+/// A long product with few output tiles is split over K: a pass zeroes
+/// the output, each block adds its part of one tile's sum to it, and the
+/// bias and chain (when there are any) follow in a pass of their own.
+#[test]
+fn long_products_with_few_tiles_are_split_over_k() {
+    for (src, shapes, parts, after) in [
+        // 4 tiles over K = 524288: 33 parts, one block an SM.
+        ("y = x @ w", "x=256x524288,w=524288x256", 33, false),
+        // 8 tiles over K = 32768: 16 parts.
+        (
+            "y = relu(x @ w.T + b)",
+            "x=10x32768,w=1024x32768,b=1024",
+            16,
+            true,
+        ),
+        // 1 tile over K = 524288 (16384 slices): 132 parts.
+        ("y = x @ w", "x=64x524288,w=524288x128", 132, false),
+        // 32 tiles over K = 25088: 4 parts; x.T and a bias alone.
+        ("y = x.T @ w + b", "x=25088x12,w=25088x4096,b=4096", 4, true),
+    ] {
+        let g = graph(src, shapes);
+        let f = realize(&g).unwrap_or_else(|r| panic!("{src}: refused: {r}"));
+        compiles(&f, src);
+        assert!(
+            f.source.contains(&format!("split over K in {parts} parts")),
+            "{src}"
+        );
+        let o = &g.tensor(g.outputs()[0]).shape;
+        let tiles = o[0].div_ceil(128) * o[1].div_ceil(128);
+        let kernels: Vec<(&str, u32)> = f.launches().map(|(k, l)| (k, l.grid)).collect();
+        let zero = format!("{}_zero", f.name);
+        let part = format!("{}_part", f.name);
+        if after {
+            assert_eq!(kernels.len(), 3, "{src}: {kernels:?}");
+            assert_eq!(kernels[0].0, zero, "{src}");
+            assert_eq!(kernels[1], (part.as_str(), (tiles * parts) as u32), "{src}");
+            assert_eq!(kernels[2].0, f.name, "{src}");
+            assert_eq!(f.launch.shared, 0, "{src}: the chain's pass");
+            assert!(f.source.contains(&format!("{}_e(", f.name)) || !src.contains("relu"));
+        } else {
+            assert_eq!(kernels.len(), 2, "{src}: {kernels:?}");
+            assert_eq!(kernels[0].0, zero, "{src}");
+            assert_eq!(
+                kernels[1],
+                (f.name.as_str(), (tiles * parts) as u32),
+                "{src}"
+            );
+        }
+        // Each part adds its sums: no plain stores of the product.
+        assert!(f.source.contains("atomicAdd(out + o, acc["), "{src}");
+        assert!(!f.source.contains("*(float2*)(out + "), "{src}");
+        for (_, _, r) in both_targets(&f, src) {
+            let names: Vec<&str> = r.kernels.iter().map(|k| k.name.as_str()).collect();
+            for (k, _) in &kernels {
+                assert!(names.contains(k), "{src}: {k} not in {names:?}");
+            }
+        }
+    }
+    // Enough tiles (66, half the SMs) or a short K: one tile a block.
+    for (src, shapes) in [
+        ("y = x @ w", "x=1024x8192,w=8192x1056"),
+        ("y = x @ w", "x=256x8188,w=8188x256"),
+    ] {
+        let f = realize(&graph(src, shapes)).unwrap();
+        assert!(!f.source.contains("split over K"), "{src}");
+        assert!(f.before.is_empty(), "{src}");
+    }
+}
+
 #[test]
 fn products_it_cannot_write_are_refused_with_the_reason() {
     for (src, shapes, why) in [
         ("y = x @ w", "x=64x30,w=30x64", "not a multiple of 4"),
-        ("y = x @ w", "x=256x524288,w=524288x256", "split over K"),
         ("y = a @ b", "a=2x3x64x32,b=3x32x64", "broadcast"),
+        // Few tiles over a long K, but too little work to split.
+        (
+            "y = x @ w.T",
+            "x=10x8192,w=128x8192",
+            "too few to split over K",
+        ),
     ] {
         let g = graph(src, shapes);
         let r = realize(&g).expect_err(src);

@@ -24,7 +24,7 @@ use mtmc_actions::op::{Conv, Op};
 
 use super::Refusal;
 use super::gemm::{
-    BK, Fused, Operand, Pair, STAGES, Warps, body, copy16, float32_only, helpers, mma_store,
+    BK, Fused, Operand, Pair, STAGES, WHOLE, Warps, body, copy16, float32_only, helpers, mma_store,
 };
 use super::pointwise::shape;
 use crate::action::Action;
@@ -151,7 +151,15 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         )
     };
     let (setup, load_a) = geometry.gather(name, bm);
-    src.push_str(&body(name, &a, &b, warps, &setup, (&load_a, &load_b)));
+    src.push_str(&body(
+        name,
+        &a,
+        &b,
+        warps,
+        &setup,
+        (&load_a, &load_b),
+        WHOLE,
+    ));
     let offset = format!(
         "(row / {positions} * N + col + q) * {positions} + row % {positions}",
         positions = geometry.positions()

@@ -185,11 +185,13 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     if blocks > u64::from(u32::MAX / 2) || rows * n * batch > i64::MAX as u64 / 2 {
         return Err(Refusal::new("the product is too large for one launch"));
     }
-    // One tile per block and no split over K: a long product with few
-    // tiles leaves most SMs idle for its whole length.
-    if blocks < 66 && k >= 8192 {
+    // A long product with few tiles would leave most SMs idle for its
+    // whole length, one tile a block: it is split over K instead.
+    let parts = parts_over_k(blocks, k);
+    if parts > 1 && batch * rows * n * k < SPLIT_MACS {
         return Err(Refusal::new(format!(
-            "{blocks} output tiles of {BM}x{BN} over K = {k} leave most SMs idle; a GEMM split over K is not written yet"
+            "{blocks} output tiles of {BM}x{BN} over K = {k} leave most SMs idle, and {} multiply-adds are too few to split over K (its extra launches cost more than they save)",
+            batch * rows * n * k
         )));
     }
     let fused = Fused::new(g, &region, m.bias, n, name)?;
@@ -199,9 +201,14 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     let shared = (4 * STAGES * (a.tile(BM) + b.tile(BN))).max(WG_SHARED);
     let threads = warps.threads;
     let mut src = String::new();
+    let split = if parts > 1 {
+        format!(", split over K in {parts} parts")
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         src,
-        "// {name}: fp32 GEMM ({batch}x) {rows}x{n}x{k} on the tensor cores (3xTF32; wgmma on sm_90a){}",
+        "// {name}: fp32 GEMM ({batch}x) {rows}x{n}x{k} on the tensor cores (3xTF32; wgmma on sm_90a){split}{}",
         fused.chained()
     );
     src.push_str(fused.epilogue_source());
@@ -209,7 +216,17 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
     src.push_str(&wgmma_helpers(name));
     src.push_str("#endif\n");
-    src.push_str(&fused.signature(name, threads));
+    // Split over K, the product's kernel adds its part to the output
+    // (zeroed first); the bias and the chain are applied after, by a
+    // kernel of their own where there are any (the stored value is more
+    // than the accumulator).
+    let after = parts > 1 && fused.store(name) != "ACC";
+    let product = if after {
+        format!("{name}_part")
+    } else {
+        name.to_string()
+    };
+    src.push_str(&fused.signature(&product, threads));
     let _ = writeln!(
         src,
         "    const long long M = {rows}LL, N = {n}LL, K = {k}LL;"
@@ -219,35 +236,106 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         "    const long long A_BATCH = {}LL, B_BATCH = {}LL;",
         a.batch_stride, b.batch_stride
     );
+    let ktiles = k.div_ceil(BK);
     let _ = writeln!(
         src,
-        "    const int TILES_M = {}, TILES_N = {}, KTILES = {};",
+        "    const int TILES_M = {}, TILES_N = {}, KTILES = {ktiles};",
         rows.div_ceil(BM),
         n.div_ceil(BN),
-        k.div_ceil(BK)
     );
-    let store = fused.store(name);
+    let (store, pair, range) = if parts > 1 {
+        // Block b multiplies tile b % blocks over part b / blocks: the
+        // blocks of one part, which read the same slices of K, run side by
+        // side, so that tiles sharing an operand's slice read it from L2.
+        let per = ktiles.div_ceil(parts);
+        let _ = writeln!(
+            src,
+            "    const int TILE = blockIdx.x % {blocks}, KT0 = (blockIdx.x / {blocks}) * {per}, KT1 = min(KTILES, KT0 + {per});"
+        );
+        ("ACC".to_string(), Pair::Atomic, PART)
+    } else {
+        (fused.store(name), Pair::row_major(n), WHOLE)
+    };
     let (bm, bn) = (warps.bm(), warps.bn());
     let loads = (
         copy16(name, &a, "a", "M", bm, "m0", threads),
         copy16(name, &b, "b", "N", bn, "n0", threads),
     );
-    let mut mma = body(name, &a, &b, warps, "", (&loads.0, &loads.1));
-    let pair = Pair::row_major(n);
+    let mut mma = body(name, &a, &b, warps, "", (&loads.0, &loads.1), range);
     mma.push_str(&mma_store(&store, warps, ROW_MAJOR, pair));
     src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
     src.push_str(&wgmma_body(
         name,
         &store,
-        a.k_contiguous,
-        b.k_contiguous,
+        (a.k_contiguous, b.k_contiguous),
         pair,
+        range,
     ));
     src.push_str("#else\n");
     src.push_str(&mma);
     src.push_str("#endif\n");
     src.push_str("}\n");
-    Ok(fused.fragment(name, action, src, blocks, threads, shared))
+    if parts == 1 {
+        return Ok(fused.fragment(name, action, src, blocks, threads, shared));
+    }
+    let total = batch * rows * n;
+    let pass = |kernel: &str, grid: u64, shared: u64| crate::program::Pass {
+        kernel: kernel.to_string(),
+        launch: Launch {
+            grid: u32::try_from(grid).expect("checked above"),
+            block: threads,
+            sizes: Vec::new(),
+            shared: u32::try_from(shared).expect("a few hundred kB"),
+        },
+    };
+    let spread = total.div_ceil(u64::from(threads)).min(WAVE_BLOCKS);
+    let _ = write!(
+        src,
+        "{}    for (long long o = blockIdx.x * (long long){threads} + threadIdx.x; o < {total}LL; o += (long long)gridDim.x * {threads}) out[o] = 0.0f;\n}}\n",
+        fused.signature(&format!("{name}_zero"), threads)
+    );
+    let mut before = vec![pass(&format!("{name}_zero"), spread, 0)];
+    if after {
+        let value = fused.store(name).replace("ACC", "out[o]");
+        let _ = write!(
+            src,
+            "{}    for (long long o = blockIdx.x * (long long){threads} + threadIdx.x; o < {total}LL; o += (long long)gridDim.x * {threads}) {{\n        const long long col = o % {n}LL;\n        const int q = 0;\n        out[o] = {value};\n    }}\n}}\n",
+            fused.signature(name, threads)
+        );
+        before.push(pass(&product, blocks * parts, shared));
+    }
+    let mut f = fused.fragment(name, action, src, blocks * parts, threads, shared);
+    if after {
+        f.launch = pass(name, spread, 0).launch;
+    }
+    f.before = before;
+    Ok(f)
+}
+
+/// Blocks that keep the H100's 132 SMs busy in the passes over every
+/// output element (zeroing it, the bias and chain after a split product):
+/// eight waves of one block an SM.
+const WAVE_BLOCKS: u64 = 132 * 8;
+
+/// The multiply-adds below which a product with few tiles is not split
+/// over K: on the H100, a 10x128 product over K = 8192 replayed from a
+/// CUDA graph (KernelBench L3/32's head) ran slower split, with its zeroing
+/// and epilogue launches, than as the library call (the network's best
+/// program 3.43x eager against 4.11x), where 256x256 over K = 524288 (L1/6)
+/// and 128x8192 over K = 16384 (L3/1's first layer) ran faster (1.00x to
+/// 1.36x, and 1.55x to 1.99x for the MLP's best program).
+const SPLIT_MACS: u64 = 1 << 28;
+
+/// The parts a product of `blocks` output tiles over depth `k` is split
+/// into over K: 1 (no split) unless it has fewer tiles than half the
+/// H100's 132 SMs and K is 8192 or more; then enough parts for about one
+/// block an SM, each at least 16 slices (512) deep.
+fn parts_over_k(blocks: u64, k: u64) -> u64 {
+    if blocks >= 66 || k < 8192 {
+        return 1;
+    }
+    let most = (k.div_ceil(BK) / 16).max(2);
+    (132 / blocks).clamp(2, most)
 }
 
 /// What a product kernel (a GEMM, an implicit-GEMM convolution) computes
@@ -485,6 +573,7 @@ pub(super) fn body(
     warps: Warps,
     setup: &str,
     loads: (&str, &str),
+    range: KRange,
 ) -> String {
     let Warps {
         across,
@@ -513,7 +602,7 @@ pub(super) fn body(
     const int wm = warp / {across}, wn = warp % {across};
 {order}    const long long a_off = bz * A_BATCH, b_off = bz * B_BATCH;
 {setup}    auto load = [&](int kt) {{
-        if (kt < KTILES) {{
+        if (kt < {end}) {{
         const long long k0 = (long long)kt * {BK};
         float* as = smem + (kt % {STAGES}) * {a_tile};
         float* bs = smem + {STAGES} * {a_tile} + (kt % {STAGES}) * {b_tile};
@@ -528,8 +617,8 @@ pub(super) fn body(
 #pragma unroll
             for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.0f;
 #pragma unroll
-    for (int s = 0; s < {STAGES} - 1; ++s) load(s);
-    for (int kt = 0; kt < KTILES; ++kt) {{
+    for (int s = 0; s < {STAGES} - 1; ++s) load({ahead});
+    for (int kt = {first}; kt < {end}; ++kt) {{
         asm volatile("cp.async.wait_group %0;\n" :: "n"({STAGES} - 2));
         __syncthreads();
         load(kt + {STAGES} - 1);
@@ -573,21 +662,26 @@ pub(super) fn body(
     }}
     asm volatile("cp.async.wait_group 0;\n");
 "#,
-        order = tile_order(bm, bn),
+        order = tile_order(bm, bn, range.tile),
         load_a = loads.0,
         load_b = loads.1,
+        first = range.first,
+        end = range.end,
+        ahead = range.after("s"),
     );
     s
 }
 
-/// Which output tile a block computes (`bz`, `m0`, `n0`): blocks walk
-/// the tiles of each batch in groups of eight tile rows, column by column,
-/// so that neighbouring blocks share operand tiles in L2.
-pub(super) fn tile_order(bm: u64, bn: u64) -> String {
+/// Which output tile a block computes (`bz`, `m0`, `n0`) from its tile
+/// number `tile` (an expression: `blockIdx.x`, or a split product's
+/// `TILE`): blocks walk the tiles of each batch in groups of eight tile
+/// rows, column by column, so that neighbouring blocks share operand
+/// tiles in L2.
+fn tile_order(bm: u64, bn: u64, tile: &str) -> String {
     format!(
         r#"    const int per_batch = TILES_M * TILES_N;
-    const long long bz = blockIdx.x / per_batch;
-    const int local = blockIdx.x % per_batch;
+    const long long bz = {tile} / per_batch;
+    const int local = {tile} % per_batch;
     const int per_group = 8 * TILES_N;
     const int first_m = (local / per_group) * 8;
     const int rows_in_group = min(TILES_M - first_m, 8);
@@ -596,6 +690,45 @@ pub(super) fn tile_order(bm: u64, bn: u64) -> String {
 "#
     )
 }
+
+/// The slices of K a block multiplies, as names in the kernel's text:
+/// every slice of its tile ([`WHOLE`]), or one part of a product split
+/// over K ([`PART`]).
+#[derive(Clone, Copy)]
+pub(super) struct KRange {
+    /// Its first slice.
+    first: &'static str,
+    /// One past its last slice.
+    end: &'static str,
+    /// The number of the block's output tile.
+    tile: &'static str,
+}
+
+impl KRange {
+    /// Slice `k` of the range (`k` counted from its first).
+    fn after(self, k: &str) -> String {
+        if self.first == "0" {
+            k.to_string()
+        } else {
+            format!("{} + {k}", self.first)
+        }
+    }
+}
+
+/// Every slice of K, one tile a block.
+pub(super) const WHOLE: KRange = KRange {
+    first: "0",
+    end: "KTILES",
+    tile: "blockIdx.x",
+};
+
+/// One part of a product split over K: the kernel defines `TILE`, `KT0`
+/// and `KT1` ([`generate`] writes them).
+const PART: KRange = KRange {
+    first: "KT0",
+    end: "KT1",
+    tile: "TILE",
+};
 
 /// The row-major output offset of element (`row`, `col + q`) of batch
 /// `bz`.
@@ -612,6 +745,9 @@ pub(super) enum Pair {
     Vector,
     /// Two 4-byte stores: an odd N, or offsets that are not adjacent.
     Scalar,
+    /// Two 4-byte atomic adds: one part of a product split over K adds
+    /// its sum to the output the other parts add to.
+    Atomic,
 }
 
 impl Pair {
@@ -673,13 +809,18 @@ fn store_pair(store: &str, offset: &str, pair: Pair) -> String {
 "#
         );
     }
+    let write = if pair == Pair::Atomic {
+        format!("atomicAdd(out + o, {store})")
+    } else {
+        format!("out[o] = {store}")
+    };
     format!(
         r#"            if (row >= M) continue;
 #pragma unroll
             for (int q = 0; q < 2; ++q) {{
                 if (col + q >= N) continue;
                 long long o = {offset};
-                out[o] = {store};
+                {write};
             }}
 "#
     )
@@ -739,7 +880,13 @@ __device__ __forceinline__ float4 {name}_rem(float4 v) {{
 /// into a fresh accumulator, the next slice is written and the one after
 /// it loaded while they run, then the products are waited for and added
 /// to the running sum.
-fn wgmma_body(name: &str, store: &str, a_k: bool, b_k: bool, pair: Pair) -> String {
+fn wgmma_body(
+    name: &str,
+    store: &str,
+    (a_k, b_k): (bool, bool),
+    pair: Pair,
+    range: KRange,
+) -> String {
     let store = store.replace("ACC", "acc[4 * j + 2 * h + q]");
     let stage = WG_STAGE;
     let a_bytes = BM * BK * 4;
@@ -761,7 +908,7 @@ fn wgmma_body(name: &str, store: &str, a_k: bool, b_k: bool, pair: Pair) -> Stri
     // Slice `kt`, global memory to registers.
     float4 ra[{per}], rb[{per}];
     auto fetch = [&](int kt) {{
-        if (kt < KTILES) {{
+        if (kt < {end}) {{
             const long long k0 = (long long)kt * {BK};
 {fetch_a}{fetch_b}        }}
     }};
@@ -777,11 +924,11 @@ fn wgmma_body(name: &str, store: &str, a_k: bool, b_k: bool, pair: Pair) -> Stri
         acc[i] = 0.0f;
         p[i] = 0.0f;
     }}
-    fetch(0);
-    put(0);
-    fetch(1);
+    fetch({first});
+    put({first});
+    fetch({second});
     __syncthreads();
-    for (int kt = 0; kt < KTILES; ++kt) {{
+    for (int kt = {first}; kt < {end}; ++kt) {{
         const unsigned ar = base + (kt & 1) * {stage} + wgi * 64 * {row}, br = base + (kt & 1) * {stage} + {a_bytes};
         const unsigned al = REM + (kt & 1) * {stage} + wgi * 64 * {row}, bl = REM + (kt & 1) * {stage} + {a_bytes};
         {name}_fence(p);
@@ -794,7 +941,7 @@ fn wgmma_body(name: &str, store: &str, a_k: bool, b_k: bool, pair: Pair) -> Stri
         }}
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         {name}_fence(p);
-        if (kt + 1 < KTILES) put(kt + 1);
+        if (kt + 1 < {end}) put(kt + 1);
         fetch(kt + 2);
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         {name}_fence(p);
@@ -812,8 +959,11 @@ fn wgmma_body(name: &str, store: &str, a_k: bool, b_k: bool, pair: Pair) -> Stri
 {pair}        }}
 "#,
         pair = store_pair(&store, ROW_MAJOR, pair),
-        order = tile_order(BM, BN),
+        order = tile_order(BM, BN, range.tile),
         frags = BN / 8,
+        first = range.first,
+        second = range.after("1"),
+        end = range.end,
     )
 }
 
