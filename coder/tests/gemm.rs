@@ -136,6 +136,8 @@ fn long_products_with_few_tiles_are_split_over_k() {
         ),
         // 1 tile over K = 524288 (16384 slices): 132 parts.
         ("y = x @ w", "x=64x524288,w=524288x128", 132, false),
+        // A batch of 4 products of one tile each: 33 parts.
+        ("y = a @ b", "a=4x64x65536,b=4x65536x64", 33, false),
         // 32 tiles over K = 25088: 4 parts; x.T and a bias alone.
         ("y = x.T @ w + b", "x=25088x12,w=25088x4096,b=4096", 4, true),
     ] {
@@ -147,7 +149,9 @@ fn long_products_with_few_tiles_are_split_over_k() {
             "{src}"
         );
         let o = &g.tensor(g.outputs()[0]).shape;
-        let tiles = o[0].div_ceil(128) * o[1].div_ceil(128);
+        let r = o.len();
+        let batch: u64 = o[..r - 2].iter().product();
+        let tiles = batch * o[r - 2].div_ceil(128) * o[r - 1].div_ceil(128);
         let kernels: Vec<(&str, u32)> = f.launches().map(|(k, l)| (k, l.grid)).collect();
         let zero = format!("{}_zero", f.name);
         let part = format!("{}_part", f.name);

@@ -321,7 +321,7 @@ const WAVE_BLOCKS: u64 = 132 * 8;
 /// over K: on the H100, a 10x128 product over K = 8192 replayed from a
 /// CUDA graph (KernelBench L3/32's head) ran slower split, with its zeroing
 /// and epilogue launches, than as the library call (the network's best
-/// program 3.43x eager against 4.11x), where 256x256 over K = 524288 (L1/6)
+/// program, 4.11x eager, at 3.43x), where 256x256 over K = 524288 (L1/6)
 /// and 128x8192 over K = 16384 (L3/1's first layer) ran faster (1.00x to
 /// 1.36x, and 1.55x to 1.99x for the MLP's best program).
 const SPLIT_MACS: u64 = 1 << 28;
