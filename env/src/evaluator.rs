@@ -145,6 +145,10 @@ pub struct WorkerEvaluator {
     /// The settings of every request.
     pub settings: WorkerSettings,
     prepared: Option<String>,
+    /// Whether the worker keeps the prepared problem's reference outputs
+    /// (on the GPU, or on the host without one) instead of recomputing
+    /// them for each check.
+    references_kept: bool,
 }
 
 impl WorkerEvaluator {
@@ -154,6 +158,7 @@ impl WorkerEvaluator {
             slot,
             settings,
             prepared: None,
+            references_kept: false,
         }
     }
 
@@ -190,6 +195,7 @@ impl WorkerEvaluator {
         let limit = self.settings.prepare_limit;
         let report = self.slot.request(request, limit).await?;
         self.prepared = Some(problem.code.clone());
+        self.references_kept = report["refs_kept"] != "recomputed";
         Ok(report)
     }
 }
@@ -216,6 +222,43 @@ impl Evaluator for WorkerEvaluator {
                 problem.name
             )));
         }
+        let mut outcome = self.judge(name, code, problem).await?;
+        // The worker keeps the reference outputs on the GPU when they take
+        // at most about half of its memory; a candidate that needs more than
+        // the rest is judged once more with them recomputed for each check
+        // (a fresh worker: out of memory, the old one was replaced).
+        if outcome.status == Status::RuntimeError
+            && self.references_kept
+            && outcome
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("out of memory"))
+        {
+            self.settings.recompute_references = true;
+            self.prepared = None;
+            let again = self.judge(name, code, problem).await;
+            self.settings.recompute_references = false;
+            // The worker's reference side is now the recomputing one.
+            self.prepared = None;
+            let first = outcome.wall_seconds;
+            outcome = again?;
+            outcome.wall_seconds += first;
+            outcome.references_recomputed = true;
+        }
+        Ok(outcome)
+    }
+}
+
+impl WorkerEvaluator {
+    /// One evaluation of the Python candidate `code` on `problem`, the
+    /// reference side built first where the worker has none for it (its
+    /// wall-clock seconds are the candidate's alone).
+    async fn judge(
+        &mut self,
+        name: &str,
+        code: &str,
+        problem: &ProblemSource,
+    ) -> Result<Outcome, EvalError> {
         // A fresh worker has no reference side: build it under the prepare
         // limit, not the candidate's.
         if self.prepared.as_deref() != Some(problem.code.as_str()) || self.slot.is_idle() {

@@ -316,6 +316,11 @@ pub struct Outcome {
     /// switches). An exact float32 kernel cannot meet the tolerance then.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reference_tf32: bool,
+    /// Whether the candidate was judged with the reference outputs
+    /// recomputed for each check: it ran out of GPU memory beside the
+    /// outputs kept for the checks, and was judged once more without them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub references_recomputed: bool,
 }
 
 impl Outcome {
@@ -338,6 +343,7 @@ impl Outcome {
             wall_seconds: 0.0,
             phases: BTreeMap::new(),
             reference_tf32: false,
+            references_recomputed: false,
         }
     }
 

@@ -163,6 +163,31 @@ async fn every_cheat_is_caught(mut ev: WorkerEvaluator) {
     assert_eq!(o.status, Status::Correct, "{o:?}");
 }
 
+/// A candidate that runs out of GPU memory beside the reference outputs
+/// the worker keeps is judged once more with them recomputed for each
+/// check; the next candidate is judged with them kept again.
+#[tokio::test]
+async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomputed() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    let o = eval(&mut ev, "problem_relu.py", "needs_memory.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert!(o.references_recomputed, "{o:?}");
+    assert!(!ev.settings.recompute_references);
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert!(!o.references_recomputed, "{o:?}");
+    // With the references recomputed from the start it is correct at
+    // once, judged one time.
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator_with(python, false, true, Duration::from_secs(120));
+    let report = ev.prepare(&problem("problem_relu.py")).await.unwrap();
+    assert_eq!(report["refs_kept"], "recomputed", "{report}");
+    let o = eval(&mut ev, "problem_relu.py", "needs_memory.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert!(!o.references_recomputed, "{o:?}");
+}
+
 #[tokio::test]
 async fn strict_mode_fails_torch_compute() {
     let Some(python) = torch_python() else { return };

@@ -405,6 +405,12 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
             writeln!(out, "  {label}: {}", v.lines().next().unwrap_or_default())?;
         }
     }
+    if o.references_recomputed {
+        writeln!(
+            out,
+            "  judged again with the reference outputs recomputed for each check: beside them kept on the GPU it ran out of memory"
+        )?;
+    }
     if let Some(c) = &o.correctness {
         if let Some(bad) = &c.first_bad {
             writeln!(
