@@ -220,7 +220,8 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     // (zeroed first); the bias and the chain are applied after, by a
     // kernel of their own where there are any (the stored value is more
     // than the accumulator).
-    let after = parts > 1 && fused.store(name) != "ACC";
+    let stored = fused.store(name);
+    let after = parts > 1 && stored != "ACC";
     let product = if after {
         format!("{name}_part")
     } else {
@@ -252,9 +253,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             src,
             "    const int TILE = blockIdx.x % {blocks}, KT0 = (blockIdx.x / {blocks}) * {per}, KT1 = min(KTILES, KT0 + {per});"
         );
-        ("ACC".to_string(), Pair::Atomic, PART)
+        ("ACC", Pair::Atomic, PART)
     } else {
-        (fused.store(name), Pair::row_major(n), WHOLE)
+        (stored.as_str(), Pair::row_major(n), WHOLE)
     };
     let (bm, bn) = (warps.bm(), warps.bn());
     let loads = (
@@ -262,11 +263,11 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         copy16(name, &b, "b", "N", bn, "n0", threads),
     );
     let mut mma = body(name, &a, &b, warps, "", (&loads.0, &loads.1), range);
-    mma.push_str(&mma_store(&store, warps, ROW_MAJOR, pair));
+    mma.push_str(&mma_store(store, warps, ROW_MAJOR, pair));
     src.push_str("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n");
     src.push_str(&wgmma_body(
         name,
-        &store,
+        store,
         (a.k_contiguous, b.k_contiguous),
         pair,
         range,
@@ -296,7 +297,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     );
     let mut before = vec![pass(&format!("{name}_zero"), spread, 0)];
     if after {
-        let value = fused.store(name).replace("ACC", "out[o]");
+        let value = stored.replace("ACC", "out[o]");
         let _ = write!(
             src,
             "{}    for (long long o = blockIdx.x * (long long){threads} + threadIdx.x; o < {total}LL; o += (long long)gridDim.x * {threads}) {{\n        const long long col = o % {n}LL;\n        const int q = 0;\n        out[o] = {value};\n    }}\n}}\n",
