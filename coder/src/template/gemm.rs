@@ -43,8 +43,8 @@ use mtmc_actions::dtype::DType;
 use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::Op;
 
-use super::Refusal;
 use super::pointwise::{Epilogue, epilogue, shape};
+use super::{Refusal, WAVES};
 use crate::action::Action;
 use crate::program::{Fragment, Lang, Launch};
 
@@ -289,7 +289,9 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             shared: u32::try_from(shared).expect("a few hundred kB"),
         },
     };
-    let spread = total.div_ceil(u64::from(threads)).min(WAVE_BLOCKS);
+    // The passes over every output element (zeroing it, the bias and
+    // chain) are grid-stride loops.
+    let spread = total.div_ceil(u64::from(threads)).min(WAVES);
     let _ = write!(
         src,
         "{}    for (long long o = blockIdx.x * (long long){threads} + threadIdx.x; o < {total}LL; o += (long long)gridDim.x * {threads}) out[o] = 0.0f;\n}}\n",
@@ -312,11 +314,6 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     f.before = before;
     Ok(f)
 }
-
-/// Blocks that keep the H100's 132 SMs busy in the passes over every
-/// output element (zeroing it, the bias and chain after a split product):
-/// eight waves of one block an SM.
-const WAVE_BLOCKS: u64 = 132 * 8;
 
 /// The multiply-adds below which a product with few tiles is not split
 /// over K: on the H100, a 10x128 product over K = 8192 replayed from a
