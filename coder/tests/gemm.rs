@@ -10,7 +10,7 @@ use mtmc_coder::program::Fragment;
 use mtmc_coder::template::Refusal;
 
 mod common;
-use common::{compiles, realize_with_rest};
+use common::realize_with_rest;
 
 fn graph(src: &str, shapes: &str) -> OpGraph {
     let b = Bindings {
@@ -44,7 +44,8 @@ fn both_targets(
             name: "k.cu".into(),
             source: f.source.clone(),
         };
-        let r = mtmc_env::nvrtc::compile(&unit, arch).expect("NVRTC");
+        let r = mtmc_env::nvrtc::compile(&unit, arch)
+            .unwrap_or_else(|e| panic!("{e}: these tests need NVRTC 13 (run scripts/test)"));
         assert!(r.ok, "{src} for {}: {}", arch.target(), r.log);
         assert!(
             !wgmma || r.kernels.iter().all(|k| !k.spills()),
@@ -73,7 +74,6 @@ fn every_layout_and_batches_compile_with_the_epilogue_fused() {
     ] {
         let g = graph(src, shapes);
         let f = realize(&g).unwrap_or_else(|r| panic!("{src}: refused: {r}"));
-        compiles(&f, src);
         assert_eq!(f.inputs.len(), inputs, "{src}");
         assert_eq!(f.outputs, g.outputs(), "{src}: writes the chain's result");
         assert!(f.source.contains("mma.sync.aligned.m16n8k8"), "{src}");
@@ -143,7 +143,6 @@ fn long_products_with_few_tiles_are_split_over_k() {
     ] {
         let g = graph(src, shapes);
         let f = realize(&g).unwrap_or_else(|r| panic!("{src}: refused: {r}"));
-        compiles(&f, src);
         assert!(
             f.source.contains(&format!("split over K in {parts} parts")),
             "{src}"

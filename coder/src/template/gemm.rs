@@ -188,10 +188,10 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     // A long product with few tiles would leave most SMs idle for its
     // whole length, one tile a block: it is split over K instead.
     let parts = parts_over_k(blocks, k);
-    if parts > 1 && batch * rows * n * k < SPLIT_MACS {
+    let macs = batch * rows * n * k;
+    if parts > 1 && macs < SPLIT_MACS {
         return Err(Refusal::new(format!(
-            "{blocks} output tiles of {BM}x{BN} over K = {k} leave most SMs idle, and {} multiply-adds are too few to split over K (its extra launches cost more than they save)",
-            batch * rows * n * k
+            "{blocks} output tiles of {BM}x{BN} over K = {k} leave most SMs idle, and {macs} multiply-adds are too few to split over K (its extra launches cost more than they save)"
         )));
     }
     let fused = Fused::new(g, &region, m.bias, n, name)?;
@@ -292,9 +292,12 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
     // The passes over every output element (zeroing it, the bias and
     // chain) are grid-stride loops.
     let spread = total.div_ceil(u64::from(threads)).min(WAVES);
+    let each = format!(
+        "    for (long long o = blockIdx.x * (long long){threads} + threadIdx.x; o < {total}LL; o += (long long)gridDim.x * {threads})"
+    );
     let _ = write!(
         src,
-        "{}    for (long long o = blockIdx.x * (long long){threads} + threadIdx.x; o < {total}LL; o += (long long)gridDim.x * {threads}) out[o] = 0.0f;\n}}\n",
+        "{}{each} out[o] = 0.0f;\n}}\n",
         fused.signature(&format!("{name}_zero"), threads)
     );
     let mut before = vec![pass(&format!("{name}_zero"), spread, 0)];
@@ -302,7 +305,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
         let value = stored.replace("ACC", "out[o]");
         let _ = write!(
             src,
-            "{}    for (long long o = blockIdx.x * (long long){threads} + threadIdx.x; o < {total}LL; o += (long long)gridDim.x * {threads}) {{\n        const long long col = o % {n}LL;\n        const int q = 0;\n        out[o] = {value};\n    }}\n}}\n",
+            "{}{each} {{\n        const long long col = o % {n}LL;\n        const int q = 0;\n        out[o] = {value};\n    }}\n}}\n",
             fused.signature(name, threads)
         );
         before.push(pass(&product, blocks * parts, shared));
