@@ -282,6 +282,13 @@ enum Command {
         /// anything: what the GPU time would go to.
         #[arg(long)]
         dry_run: bool,
+        /// Also judge again the recorded programs whose judging failed
+        /// while they ran (a runtime error, a timeout, a crashed worker)
+        /// though this build writes the same code: a failure the evaluator
+        /// handles now (a candidate out of memory beside the kept
+        /// reference outputs), or a passing one.
+        #[arg(long)]
+        failed: bool,
     },
     /// Train the planner with PPO on the recorded trajectory tree (no GPU
     /// needed), then the reward-to-go model; write the checkpoint, curves
@@ -801,6 +808,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             trajectories,
             timeout,
             dry_run,
+            failed,
         } => cmd::plan::rejudge(
             out,
             cmd::plan::RejudgeRequest {
@@ -811,6 +819,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 store: &trajectories,
                 timeout: std::time::Duration::from_secs(timeout),
                 dry_run,
+                failed,
             },
         ),
         Command::Train {

@@ -1631,27 +1631,27 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
         );
     }
     assert_eq!(hashes(), stale_hashes);
-    let rejudge = || {
-        mtmc(&[
+    // `rejudge L2/76` on the store, with `extra` after it: its output.
+    let rejudge = |extra: &[&str]| {
+        let mut args = vec![
             "--kernelbench",
             &kb,
             "rejudge",
             "L2/76",
             "--trajectories",
             &store_s,
-        ])
-        .success()
+        ];
+        args.extend_from_slice(extra);
+        mtmc(&args).success().stdout
     };
-    let run = rejudge();
+    let run = rejudge(&[]);
     let line = format!(
         "{problem}: 6 recorded program(s) reached, {stale} judged again, {stale} kept; 1 recorded program(s) no move reaches now, left as recorded"
     );
-    assert!(run.stdout.contains(&line), "{line}\n{}", run.stdout);
+    assert!(run.contains(&line), "{line}\n{run}");
     assert!(
-        run.stdout
-            .contains(&format!("{stale} recorded program(s) judged again")),
-        "{}",
-        run.stdout
+        run.contains(&format!("{stale} recorded program(s) judged again")),
+        "{run}"
     );
     // Each program judged again holds the hash of the code it judged now;
     // the one no move reaches keeps its record; no step was recorded.
@@ -1660,12 +1660,47 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
     assert_eq!(now, first);
     assert_eq!(steps(), before, "{}", episodes.display());
     // A second pass finds nothing changed.
-    let run = rejudge();
+    let run = rejudge(&[]);
+    assert!(run.contains("0 recorded program(s) judged again"), "{run}");
+    // A program whose judging failed while it ran, its code unchanged, is
+    // judged again only with --failed (here compile only, which never
+    // replaces the recorded outcome).
+    let failed = sql()
+        .execute(
+            "UPDATE evaluations SET status = 'runtime_error',
+                 diagnosis = json_set(diagnosis, '$.status', 'runtime_error')
+             WHERE problem = ?1 AND key = 'library'",
+            [problem],
+        )
+        .unwrap();
+    assert_eq!(failed, 1);
+    let dry = rejudge(&["--dry-run"]);
     assert!(
-        run.stdout.contains("0 recorded program(s) judged again"),
-        "{}",
-        run.stdout
+        dry.contains("0 recorded program(s) on 0 problem(s) to judge again")
+            && !dry.contains("failed while"),
+        "{dry}"
     );
+    let dry = rejudge(&["--dry-run", "--failed"]);
+    assert!(
+        dry.contains("1 failed while running (judged too)")
+            && dry.contains("and 1 whose judging failed while they ran (--failed)"),
+        "{dry}"
+    );
+    assert!(rejudge(&[]).contains("0 recorded program(s) judged again"));
+    let again = rejudge(&["--failed"]);
+    assert!(
+        again.contains("1 judged again (1 had failed while running), 0 kept")
+            && again.contains("or their judging failed while they ran: 1"),
+        "{again}"
+    );
+    let status: String = sql()
+        .query_row(
+            "SELECT status FROM evaluations WHERE problem = ?1 AND key = 'library'",
+            [problem],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(status, "runtime_error");
     // A gzipped store is not written; a missing one is named.
     let gz = dir.path().join("traj.sqlite.gz");
     std::fs::write(&gz, b"").unwrap();

@@ -370,6 +370,16 @@ fn reusable(recorded: &Diagnosis, gpu: bool) -> bool {
     !(gpu && recorded.status == Status::CompiledOnly)
 }
 
+/// Whether a recorded outcome is a failure while the program ran (a
+/// runtime error, a timeout, a crashed worker) rather than a verdict on
+/// its code: what `rejudge --failed` judges again.
+fn failed_running(recorded: &Diagnosis) -> bool {
+    matches!(
+        recorded.status,
+        Status::RuntimeError | Status::Timeout | Status::Crashed
+    )
+}
+
 /// A warning when programs recorded for `problems` were compiled only
 /// (recorded where no GPU was found, so nothing timed them): how many, and
 /// `all` or `some` for what follows when it is every one or not.
@@ -879,6 +889,9 @@ struct Judging<'a> {
     found: Found,
     /// Recorded programs judged again because their code changed.
     changed: usize,
+    /// Judge again, rather than take, a recorded outcome that failed while
+    /// the program ran ([`failed_running`]).
+    retry_failed: bool,
     /// Programs built ahead ([`Judging::prebuild`]), by key, each taken
     /// by the first build of its configuration.
     built: std::collections::HashMap<String, Built>,
@@ -927,6 +940,7 @@ impl<'a> Judging<'a> {
             judge,
             found: Found::default(),
             changed: 0,
+            retry_failed: false,
             built: std::collections::HashMap::new(),
         })
     }
@@ -1040,7 +1054,7 @@ impl<'a> Judging<'a> {
                 }
                 Reuse::Nothing => None,
             }
-            .filter(|d| reusable(d, self.judge.gpu));
+            .filter(|d| reusable(d, self.judge.gpu) && !(self.retry_failed && failed_running(d)));
             known.push(match (recorded, reuse) {
                 (Some(d), Reuse::Unchanged(s)) => {
                     let (same, built) = self.same_code(s, next, &d)?;
@@ -1226,9 +1240,17 @@ pub struct Rejudged {
     /// In a dry run, the programs whose code is unchanged but that were
     /// recorded compiled only: a rejudge on a GPU judges them too.
     pub untimed: usize,
+    /// With `failed`, the programs whose code is unchanged but whose
+    /// recorded judging failed while they ran ([`failed_running`]): judged
+    /// again (in a dry run, counted).
+    pub failed: usize,
     /// Of those, the ones whose new outcome the store kept (a compile-only
     /// outcome never replaces a timed one).
     pub kept: usize,
+    /// Of those judged again, the ones out of GPU memory beside the kept
+    /// reference outputs and so judged with them recomputed for each
+    /// check (`Outcome::references_recomputed`).
+    pub recomputed: usize,
     /// Recorded programs no walk from the library program reaches through
     /// recorded programs (keys this build's moves no longer make).
     pub unreached: Vec<String>,
@@ -1256,8 +1278,10 @@ pub fn rejudge_problem(
     store: &mut Store,
     bar: &ProgressBar,
     dry_run: bool,
+    failed: bool,
 ) -> Result<Rejudged> {
     let mut j = Judging::new(p, g, judge)?;
+    j.retry_failed = failed;
     let name = j.problem.name.clone();
     let recorded = store.evaluations(&name)?;
     let mut walk: Vec<Config> = recorded_walk(&recorded, j.problem.shape)
@@ -1270,7 +1294,9 @@ pub fn rejudge_problem(
         reached: walk.len(),
         judged: 0,
         untimed: 0,
+        failed: 0,
         kept: 0,
+        recomputed: 0,
         unreached: recorded
             .keys()
             .filter(|k| !seen.contains(*k))
@@ -1292,9 +1318,17 @@ pub fn rejudge_problem(
                 out.changed.push(c.key());
             } else if !reusable(d, true) {
                 out.untimed += 1;
+            } else if failed && failed_running(d) {
+                out.failed += 1;
             }
         }
         return Ok(out);
+    }
+    if failed {
+        out.failed = walk
+            .iter()
+            .filter(|c| failed_running(&recorded[&c.key()]))
+            .count();
     }
     let per = j.judge.in_flight().max(1);
     for round in walk.chunks(per) {
@@ -1310,6 +1344,8 @@ pub fn rejudge_problem(
                 continue;
             }
             let key = c.key();
+            out.recomputed +=
+                usize::from(ev.outcome.as_ref().is_some_and(|o| o.references_recomputed));
             if store.judged_again(&name, &key, &ev.diagnosis, &ev.hash)? {
                 out.kept += 1;
             }
@@ -1376,6 +1412,9 @@ pub struct RejudgeRequest<'a> {
     /// Only count what would be judged again: build, judge nothing, write
     /// nothing.
     pub dry_run: bool,
+    /// Also judge again the programs whose recorded judging failed while
+    /// they ran ([`failed_running`]), their code unchanged.
+    pub failed: bool,
 }
 
 /// `mtmc rejudge`: [`rejudge_problem`] on each chosen problem the store
@@ -1431,7 +1470,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
     let graphs = problems.graphs(&chosen)?;
     let bar = crate::fmt::progress_bar(0);
-    let (mut judged, mut kept, mut untimed, mut with_work) = (0, 0, 0, 0);
+    let (mut judged, mut kept, mut untimed, mut failed, mut with_work) = (0, 0, 0, 0, 0);
     for (p, traced) in chosen.iter().zip(graphs) {
         bar.set_message(p.full_name());
         let g = match traced.graph {
@@ -1441,30 +1480,49 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                 continue;
             }
         };
-        match rejudge_problem(p, &g, &mut judge, &mut store, &bar, req.dry_run) {
+        match rejudge_problem(p, &g, &mut judge, &mut store, &bar, req.dry_run, req.failed) {
             Ok(r) => {
                 judged += r.judged;
                 kept += r.kept;
                 untimed += r.untimed;
-                with_work += usize::from(r.judged > 0);
+                failed += r.failed;
+                with_work += usize::from(r.judged + r.failed > 0);
                 bar.suspend(|| {
                     writeln!(
                         out,
-                        "{}: {} recorded program(s) reached, {} {}{}{}{}",
+                        "{}: {} recorded program(s) reached, {} {}{}{}{}{}",
                         p.full_name(),
                         r.reached,
                         r.judged,
                         if req.dry_run {
                             format!(
-                                "to judge again (their code changed){}",
+                                "to judge again (their code changed){}{}",
                                 if r.untimed > 0 {
                                     format!(", {} compiled only (judged too on a GPU)", r.untimed)
                                 } else {
                                     String::new()
+                                },
+                                if r.failed > 0 {
+                                    format!(", {} failed while running (judged too)", r.failed)
+                                } else {
+                                    String::new()
                                 }
+                            )
+                        } else if r.failed > 0 {
+                            format!(
+                                "judged again ({} had failed while running), {} kept",
+                                r.failed, r.kept
                             )
                         } else {
                             format!("judged again, {} kept", r.kept)
+                        },
+                        if r.recomputed > 0 {
+                            format!(
+                                " ({} out of GPU memory beside the kept reference outputs, judged with them recomputed)",
+                                r.recomputed
+                            )
+                        } else {
+                            String::new()
                         },
                         r.moved
                             .as_ref()
@@ -1489,9 +1547,14 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     if req.dry_run {
         writeln!(
             out,
-            "{judged} recorded program(s) on {with_work} problem(s) to judge again (this build writes other code for them){}; nothing judged or written: run without --dry-run to judge them",
+            "{judged} recorded program(s) on {with_work} problem(s) to judge again (this build writes other code for them){}{}; nothing judged or written: run without --dry-run to judge them",
             if untimed > 0 {
                 format!(", and {untimed} recorded compiled only that a rejudge on a GPU judges too")
+            } else {
+                String::new()
+            },
+            if failed > 0 {
+                format!(", and {failed} whose judging failed while they ran (--failed)")
             } else {
                 String::new()
             }
@@ -1500,7 +1563,12 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     }
     writeln!(
         out,
-        "{judged} recorded program(s) judged again (this build writes other code for them), {kept} new outcome(s) kept in {}",
+        "{judged} recorded program(s) judged again (this build writes other code for them{}), {kept} new outcome(s) kept in {}",
+        if failed > 0 {
+            format!(", or their judging failed while they ran: {failed}")
+        } else {
+            String::new()
+        },
         req.store.display()
     )?;
     Ok(())
