@@ -1683,7 +1683,8 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
     let dry = rejudge(&["--dry-run", "--failed"]);
     assert!(
         dry.contains("1 failed while running (judged too)")
-            && dry.contains("and 1 whose judging failed while they ran (--failed)"),
+            && dry.contains("0 recorded program(s) on 0 problem(s) to judge again")
+            && dry.contains("and 1 whose judging failed while they ran (--failed); nothing judged"),
         "{dry}"
     );
     assert!(rejudge(&[]).contains("0 recorded program(s) judged again"));

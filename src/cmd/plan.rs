@@ -1240,9 +1240,10 @@ pub struct Rejudged {
     /// In a dry run, the programs whose code is unchanged but that were
     /// recorded compiled only: a rejudge on a GPU judges them too.
     pub untimed: usize,
-    /// With `failed`, the programs whose code is unchanged but whose
-    /// recorded judging failed while they ran ([`failed_running`]): judged
-    /// again (in a dry run, counted).
+    /// With `failed`, the programs whose recorded judging failed while
+    /// they ran ([`failed_running`]): judged again, whether their code
+    /// changed or not (in a dry run, those whose code is unchanged are
+    /// counted here, the others as changed).
     pub failed: usize,
     /// Of those, the ones whose new outcome the store kept (a compile-only
     /// outcome never replaces a timed one).
@@ -1486,7 +1487,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                 kept += r.kept;
                 untimed += r.untimed;
                 failed += r.failed;
-                with_work += usize::from(r.judged + r.failed > 0);
+                with_work += usize::from(r.judged > 0);
                 bar.suspend(|| {
                     writeln!(
                         out,
