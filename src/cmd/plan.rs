@@ -370,6 +370,12 @@ fn reusable(recorded: &Diagnosis, gpu: bool) -> bool {
     !(gpu && recorded.status == Status::CompiledOnly)
 }
 
+/// A clause of a report line that counts `n` of something (`text` writes
+/// it), or nothing when there are none.
+fn counted(n: usize, text: impl FnOnce(usize) -> String) -> String {
+    if n > 0 { text(n) } else { String::new() }
+}
+
 /// Whether a recorded outcome is a failure while the program ran (a
 /// runtime error, a timeout, a crashed worker) rather than a verdict on
 /// its code: what `rejudge --failed` judges again.
@@ -1498,16 +1504,12 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                         if req.dry_run {
                             format!(
                                 "to judge again (their code changed){}{}",
-                                if r.untimed > 0 {
-                                    format!(", {} compiled only (judged too on a GPU)", r.untimed)
-                                } else {
-                                    String::new()
-                                },
-                                if r.failed > 0 {
-                                    format!(", {} failed while running (judged too)", r.failed)
-                                } else {
-                                    String::new()
-                                }
+                                counted(r.untimed, |n| format!(
+                                    ", {n} compiled only (judged too on a GPU)"
+                                )),
+                                counted(r.failed, |n| format!(
+                                    ", {n} failed while running (judged too)"
+                                ))
                             )
                         } else if r.failed > 0 {
                             format!(
@@ -1517,14 +1519,9 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                         } else {
                             format!("judged again, {} kept", r.kept)
                         },
-                        if r.recomputed > 0 {
-                            format!(
-                                " ({} out of GPU memory beside the kept reference outputs, judged with them recomputed)",
-                                r.recomputed
-                            )
-                        } else {
-                            String::new()
-                        },
+                        counted(r.recomputed, |n| format!(
+                            " ({n} out of GPU memory beside the kept reference outputs, judged with them recomputed)"
+                        )),
                         r.moved
                             .as_ref()
                             .map(|(k, a, b)| format!("; most moved: {k} {a:.3}x -> {b:.3}x"))
@@ -1549,27 +1546,21 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         writeln!(
             out,
             "{judged} recorded program(s) on {with_work} problem(s) to judge again (this build writes other code for them){}{}; nothing judged or written: run without --dry-run to judge them",
-            if untimed > 0 {
-                format!(", and {untimed} recorded compiled only that a rejudge on a GPU judges too")
-            } else {
-                String::new()
-            },
-            if failed > 0 {
-                format!(", and {failed} whose judging failed while they ran (--failed)")
-            } else {
-                String::new()
-            }
+            counted(untimed, |n| format!(
+                ", and {n} recorded compiled only that a rejudge on a GPU judges too"
+            )),
+            counted(failed, |n| format!(
+                ", and {n} whose judging failed while they ran (--failed)"
+            ))
         )?;
         return Ok(());
     }
     writeln!(
         out,
         "{judged} recorded program(s) judged again (this build writes other code for them{}), {kept} new outcome(s) kept in {}",
-        if failed > 0 {
-            format!(", or their judging failed while they ran: {failed}")
-        } else {
-            String::new()
-        },
+        counted(failed, |n| format!(
+            ", or their judging failed while they ran: {n}"
+        )),
         req.store.display()
     )?;
     Ok(())
@@ -1967,28 +1958,16 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
             m.evaluations,
             m.problems,
             into.display(),
-            if m.skipped > 0 {
-                format!("; {} episode(s) it already held skipped", m.skipped)
-            } else {
-                String::new()
-            },
-            if m.replaced > 0 {
-                format!(
-                    "; {} program(s) it had judged with another outcome now hold this store's",
-                    m.replaced
-                )
-            } else {
-                String::new()
-            },
-            if m.kept > 0 {
-                format!(
-                    "; {} program(s) it compiled only (no GPU) keep the outcome {} had from a GPU",
-                    m.kept,
-                    into.display()
-                )
-            } else {
-                String::new()
-            }
+            counted(m.skipped, |n| format!(
+                "; {n} episode(s) it already held skipped"
+            )),
+            counted(m.replaced, |n| format!(
+                "; {n} program(s) it had judged with another outcome now hold this store's"
+            )),
+            counted(m.kept, |n| format!(
+                "; {n} program(s) it compiled only (no GPU) keep the outcome {} had from a GPU",
+                into.display()
+            ))
         )?;
     }
     Ok(())
