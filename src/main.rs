@@ -5,6 +5,7 @@
 
 mod cmd;
 mod fmt;
+mod interrupt;
 mod source;
 
 use std::io::Write as _;
@@ -986,6 +987,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // The reader went away (`mtmc show … | head`): not an error.
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        // Stopped by Ctrl-C after saying what it finished: 128 + SIGINT.
+        Err(e) if e.is::<interrupt::Interrupted>() => {
+            eprintln!("{e}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             // One line: the context chain, outermost first.
             let chain: Vec<String> = e.chain().map(ToString::to_string).collect();

@@ -1088,7 +1088,15 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     let json = dir.path().join("compare.json");
     let run = compare(&[], &json);
     assert!(!run.stdout.contains("compiled only"), "{}", run.stdout);
+    // The tree names the GPU its outcomes were judged on.
+    assert!(
+        run.stdout
+            .contains("kernelbench-h100.sqlite.gz, judged on the H100"),
+        "{}",
+        run.stdout
+    );
     let table = read_json(&json);
+    assert_eq!(table["gpu"], "H100");
     let geomean = |name: &str| geomean_row(&table, name);
     // Exhaustive search of the recorded tree bounds every planner, and on
     // these outcomes it is well above the library's 1.0x.
@@ -1546,14 +1554,36 @@ fn explore_keeps_the_judged_code_s_hash_and_rejudges_what_changed() {
     );
 }
 
-#[test]
-fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episode() {
+/// A temporary store holding one exhaustive episode of L2/76 (budget 6,
+/// compile only): the folder, the store's path as a path and as text, and
+/// the shared problems file.
+fn l2_76_store() -> (tempfile::TempDir, std::path::PathBuf, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("traj.sqlite");
     let store_s = store.to_string_lossy().into_owned();
-    let problem = "L2/76_Gemm_Add_ReLU";
     let kb = shared_jsonl();
     explore_l2_76(&kb, &store_s, "1", "6", &[]);
+    (dir, store, store_s, kb)
+}
+
+/// `mtmc rejudge L2/76` on `store`'s text, with `extra` after it.
+fn rejudge_l2_76<'a>(kb: &'a str, store: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "--kernelbench",
+        kb,
+        "rejudge",
+        "L2/76",
+        "--trajectories",
+        store,
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episode() {
+    let (dir, store, store_s, kb) = l2_76_store();
+    let problem = "L2/76_Gemm_Add_ReLU";
     let sql = || rusqlite::Connection::open(&store).unwrap();
     let hashes = || recorded_hashes(&store, problem);
     let steps = || -> i64 {
@@ -1632,18 +1662,7 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
     }
     assert_eq!(hashes(), stale_hashes);
     // `rejudge L2/76` on the store, with `extra` after it: its output.
-    let rejudge = |extra: &[&str]| {
-        let mut args = vec![
-            "--kernelbench",
-            &kb,
-            "rejudge",
-            "L2/76",
-            "--trajectories",
-            &store_s,
-        ];
-        args.extend_from_slice(extra);
-        mtmc(&args).success().stdout
-    };
+    let rejudge = |extra: &[&str]| mtmc(&rejudge_l2_76(&kb, &store_s, extra)).success().stdout;
     let run = rejudge(&[]);
     let line = format!(
         "{problem}: 6 recorded program(s) reached, {stale} judged again, {stale} kept; 1 recorded program(s) no move reaches now, left as recorded"
@@ -1741,4 +1760,77 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
             run.stderr
         );
     }
+}
+
+#[test]
+fn rejudge_stopped_by_ctrl_c_says_where_keeps_what_it_judged_and_resumes() {
+    use std::io::{BufRead, Read};
+    let (_dir, store, store_s, kb) = l2_76_store();
+    let problem = "L2/76_Gemm_Add_ReLU";
+    let first = recorded_hashes(&store, problem);
+    // Every program as judged by an earlier coder: all six to judge again.
+    let stale = rusqlite::Connection::open(&store)
+        .unwrap()
+        .execute(
+            "UPDATE evaluations SET fragment_hash = 'earlier' WHERE problem = ?1",
+            [problem],
+        )
+        .unwrap();
+    assert_eq!(stale, 6);
+    let args = rejudge_l2_76(&kb, &store_s, &[]);
+    let mut child = mtmc(&args).spawn();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut header = String::new();
+    stdout.read_line(&mut header).unwrap();
+    assert!(header.starts_with("rejudge: 1 problem(s)"), "{header}");
+    // Ctrl-C as soon as it said what it will do, long before the six
+    // programs are built and judged.
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    // It stops with 128 + SIGINT, not killed by the signal, and says where.
+    assert_eq!(status.code(), Some(130), "{rest}\n{stderr}");
+    assert!(
+        stderr.contains("interrupted: stopped ")
+            && stderr.contains("run again to resume")
+            && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    // Stopped on the problem, its line ends so; stopped before it, the
+    // error names it.
+    let line = rest.lines().find(|l| l.starts_with(problem));
+    match line {
+        Some(l) => assert!(l.ends_with("; interrupted"), "{rest}"),
+        None => assert!(stderr.contains("stopped before L2/76"), "{stderr}"),
+    }
+    // What it says it judged is what the store holds, and the summary is
+    // still written.
+    let judged: usize = rest
+        .lines()
+        .find_map(|l| l.split_once(" recorded program(s) judged again"))
+        .map(|(n, _)| n.parse().unwrap())
+        .unwrap_or_else(|| panic!("no summary:\n{rest}"));
+    let now = recorded_hashes(&store, problem);
+    assert_eq!(now.values().filter(|h| *h != "earlier").count(), judged);
+    assert!(judged < 6, "{rest}");
+    // Run again: it judges the rest and ends where an uninterrupted run
+    // would have.
+    let run = mtmc(&args).success().stdout;
+    assert!(
+        run.contains(&format!("{} recorded program(s) judged again", 6 - judged)),
+        "{run}"
+    );
+    assert_eq!(recorded_hashes(&store, problem), first);
 }

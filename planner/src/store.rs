@@ -66,6 +66,33 @@ pub enum StoreError {
         /// The file.
         path: PathBuf,
     },
+    /// Outcomes judged on one GPU were to be written into a store of
+    /// another's.
+    #[error(
+        "trajectory store `{path}` holds outcomes judged on the {recorded}, and {this} is the GPU here: speedups from two GPUs do not compare in one tree. Record into another store (--trajectories NEW.sqlite; `mtmc merge` refuses to mix them too), or run this on the {recorded}"
+    )]
+    OtherGpu {
+        /// The file.
+        path: PathBuf,
+        /// The GPU the store names.
+        recorded: String,
+        /// The GPU that would judge now.
+        this: String,
+    },
+    /// Two stores of outcomes judged on different GPUs were to be merged.
+    #[error(
+        "cannot merge `{from}` (outcomes judged on the {theirs}) into `{path}` (on the {ours}): speedups from two GPUs do not compare in one tree; merge stores of one GPU"
+    )]
+    MergeGpus {
+        /// The store merged into.
+        path: PathBuf,
+        /// The store merged from.
+        from: PathBuf,
+        /// The GPU the store merged into names.
+        ours: String,
+        /// The GPU the store merged from names.
+        theirs: String,
+    },
     /// A compressed store could not be unpacked.
     #[error("trajectory store `{path}`: cannot unpack it: {source}")]
     Unpack {
@@ -74,6 +101,18 @@ pub enum StoreError {
         /// What failed.
         source: std::io::Error,
     },
+}
+
+/// What [`Store::claim_gpu`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The store already named this GPU.
+    Same,
+    /// The store held no outcome judged on a GPU; it now names this one.
+    New,
+    /// The store held outcomes judged on a GPU it did not name (written by
+    /// an earlier mtmc); it now names this one as theirs.
+    Unnamed,
 }
 
 /// What [`Store::merge`] copied into a store.
@@ -97,6 +136,9 @@ pub struct Merged {
     /// Programs the source compiled only (no GPU timed them) that this
     /// store had judged on a GPU: they keep this store's outcome.
     pub kept: usize,
+    /// The GPU the store merged from names, where the store merged into
+    /// named none before and names it now.
+    pub named_gpu: Option<String>,
 }
 
 /// The conflict clause of an evaluation's insert: the new outcome replaces
@@ -383,6 +425,75 @@ impl Store {
             path: self.path.clone(),
             source,
         }
+    }
+
+    /// The file the store was opened from (a gzipped one's own path).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The GPU the store's outcomes were judged on, where it names one
+    /// (as [`Store::claim_gpu`] wrote it).
+    pub fn gpu(&self) -> Result<Option<String>, StoreError> {
+        let has_meta: bool = self
+            .conn
+            .query_row(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.sql(e))?;
+        if !has_meta {
+            return Ok(None);
+        }
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = 'gpu'", [], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+
+    /// Before outcomes judged on the GPU `gpu` (a device table name such
+    /// as `H100` where the driver's name has one) are written: a store
+    /// that names another GPU is refused ([`StoreError::OtherGpu`]), one
+    /// that names none is made to name this one. Until then, a store
+    /// names nothing and reads as before.
+    pub fn claim_gpu(&self, gpu: &str) -> Result<Claim, StoreError> {
+        match self.gpu()? {
+            Some(recorded) if recorded == gpu => return Ok(Claim::Same),
+            Some(recorded) => {
+                return Err(StoreError::OtherGpu {
+                    path: self.path.clone(),
+                    recorded,
+                    this: gpu.to_string(),
+                });
+            }
+            None => {}
+        }
+        let judged: bool = self
+            .conn
+            .query_row(
+                "SELECT COUNT(*) > 0 FROM evaluations WHERE status NOT IN (?1, ?2)",
+                [Status::CompiledOnly.name(), Status::CompileError.name()],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.sql(e))?;
+        self.name_gpu(gpu)?;
+        Ok(if judged { Claim::Unnamed } else { Claim::New })
+    }
+
+    fn name_gpu(&self, gpu: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch(
+                "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            )
+            .map_err(|e| self.sql(e))?;
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('gpu', ?1)",
+                [gpu],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
     }
 
     /// Records (or replaces) what the planner knows of a problem.
@@ -859,6 +970,18 @@ impl Store {
         // Opened to check it is a store (and to unpack it); SQLite reads
         // its write-ahead log through the attached copy too.
         let source = Store::open_to_read(from)?;
+        let (ours, theirs) = (self.gpu()?, source.gpu()?);
+        match (&ours, &theirs) {
+            (Some(o), Some(t)) if o != t => {
+                return Err(StoreError::MergeGpus {
+                    path: self.path.clone(),
+                    from: from.to_path_buf(),
+                    ours: o.clone(),
+                    theirs: t.clone(),
+                });
+            }
+            _ => {}
+        }
         let file = source
             ._unpacked
             .as_ref()
@@ -949,11 +1072,17 @@ impl Store {
                 evaluations: fresh,
                 replaced,
                 kept,
+                named_gpu: None,
             })
         })();
         let detached = self.conn.execute("DETACH DATABASE source", []);
-        let merged = merged.map_err(err)?;
+        let mut merged = merged.map_err(err)?;
         detached.map_err(err)?;
+        // A store that named no GPU takes the one the merged store names.
+        if let (None, Some(t)) = (ours, theirs) {
+            self.name_gpu(&t)?;
+            merged.named_gpu = Some(t);
+        }
         Ok(merged)
     }
 

@@ -543,3 +543,85 @@ fn an_episodes_moves_read_back_in_order_with_their_outcomes() {
     assert_eq!(greedy[0].1[0].mean_ms, Some(0.25));
     assert!(store.finished_moves("L1/2", "random").unwrap().is_empty());
 }
+
+/// A store names the GPU its outcomes were judged on once a command
+/// claims it; outcomes of another GPU are refused, and so is a merge of
+/// two GPUs' stores.
+#[test]
+fn a_store_names_its_gpu_and_refuses_another_s_outcomes() {
+    use mtmc_planner::store::{Claim, StoreError};
+    let dir = tempfile::tempdir().unwrap();
+    // An empty store names nothing until it is claimed.
+    let fresh = Store::open(&dir.path().join("fresh.sqlite")).unwrap();
+    assert_eq!(fresh.gpu().unwrap(), None);
+    assert_eq!(fresh.claim_gpu("H200").unwrap(), Claim::New);
+    assert_eq!(fresh.claim_gpu("H200").unwrap(), Claim::Same);
+    assert_eq!(fresh.gpu().unwrap().as_deref(), Some("H200"));
+    match fresh.claim_gpu("H100") {
+        Err(e @ StoreError::OtherGpu { .. }) => {
+            let says = e.to_string();
+            assert!(
+                says.contains("judged on the H200")
+                    && says.contains("H100 is the GPU here")
+                    && says.contains("--trajectories NEW.sqlite"),
+                "{says}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fresh.gpu().unwrap().as_deref(), Some("H200"));
+
+    // Outcomes judged on a GPU that no record names (an earlier mtmc's):
+    // claimed, the store takes this GPU as theirs and says so. A store of
+    // compile-only outcomes holds nothing of a GPU.
+    let old = dir.path().join("old.sqlite");
+    let old_store = three_steps(&old);
+    assert_eq!(old_store.gpu().unwrap(), None);
+    let compiled = dir.path().join("compiled.sqlite");
+    {
+        let mut o = Store::open(&compiled).unwrap();
+        let p = problem("L1/2", "pointwise");
+        o.put_problem(&p).unwrap();
+        let e = o.begin_episode("L1/2", "random", "test", 0).unwrap();
+        let mut s = step(e, 0, Move::Split, 0.045);
+        let d = s.diagnosis.as_mut().unwrap();
+        d.status = Status::CompiledOnly;
+        d.speedup_eager = None;
+        o.add_step(&p, "test", &s).unwrap();
+        o.end_episode(e, 0.0).unwrap();
+        assert_eq!(o.evaluations("L1/2").unwrap().len(), 1);
+    }
+    assert_eq!(
+        Store::open(&compiled).unwrap().claim_gpu("H100").unwrap(),
+        Claim::New
+    );
+
+    // Merged: a store of the H100 into one of the H200 is refused, and
+    // nothing of it comes in.
+    let h100 = dir.path().join("h100.sqlite");
+    three_steps(&h100).claim_gpu("H100").unwrap();
+    let mut h200 = Store::open(&dir.path().join("fresh.sqlite")).unwrap();
+    match h200.merge(&h100) {
+        Err(e @ StoreError::MergeGpus { .. }) => {
+            let says = e.to_string();
+            assert!(
+                says.contains("judged on the H100") && says.contains("(on the H200)"),
+                "{says}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h200.evaluations("L1/1").unwrap().is_empty());
+    // A store that named no GPU takes the merged store's; the unclaimed
+    // store of an earlier mtmc stays as it was.
+    let mut into = Store::open(&dir.path().join("into.sqlite")).unwrap();
+    let m = into.merge(&h100).unwrap();
+    assert_eq!(m.named_gpu.as_deref(), Some("H100"), "{m:?}");
+    assert_eq!(into.gpu().unwrap().as_deref(), Some("H100"));
+    let m = into.merge(&old).unwrap();
+    assert_eq!(m.named_gpu, None, "{m:?}");
+    assert_eq!(into.gpu().unwrap().as_deref(), Some("H100"));
+    assert_eq!(old_store.gpu().unwrap(), None);
+    assert_eq!(old_store.claim_gpu("H100").unwrap(), Claim::Unnamed);
+    assert_eq!(old_store.gpu().unwrap().as_deref(), Some("H100"));
+}

@@ -918,6 +918,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
 
     if !work.is_empty() {
         let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
+        // A pass resumed on another GPU would mix two GPUs' timings.
+        crate::cmd::plan::claim_gpus(out, &steps)?;
         let mut judge = ProblemJudge::with_baselines(timed, req.timeout, true, &["eager"], false);
         let needed: Vec<usize> = work
             .iter()

@@ -39,6 +39,7 @@ use crate::cmd::optimize::{
     write_model_new,
 };
 use crate::cmd::paired::Paired;
+use crate::interrupt::{Interrupt, Interrupted};
 
 /// Which planner `--planner` names.
 #[derive(Clone, Debug)]
@@ -374,6 +375,30 @@ fn reusable(recorded: &Diagnosis, gpu: bool) -> bool {
 /// it), or nothing when there are none.
 fn counted(n: usize, text: impl FnOnce(usize) -> String) -> String {
     if n > 0 { text(n) } else { String::new() }
+}
+
+/// Before a command writes outcomes judged on this machine's GPUs into
+/// `store`: each GPU, by its device table name (`H100`) where the driver's
+/// name has one, is claimed ([`Store::claim_gpu`]), so a store of another
+/// GPU's outcomes is refused before anything is judged, and a line says
+/// when a store that held outcomes of a GPU it did not name is taken to
+/// be this GPU's. Without a GPU nothing is judged on one, nothing claimed.
+pub fn claim_gpus(out: &mut dyn std::io::Write, store: &Store) -> Result<()> {
+    let Ok(driver) = mtmc_env::probe::driver() else {
+        return Ok(());
+    };
+    let specs = builtin_devices();
+    for g in &driver.gpus {
+        let name = find_device(&specs, &g.name).map_or(g.name.as_str(), |d| d.name.as_str());
+        if store.claim_gpu(name)? == mtmc_planner::store::Claim::Unnamed {
+            writeln!(
+                out,
+                "{} named no GPU (written by an earlier mtmc): its outcomes are taken to be the {name}'s, as this run's are",
+                store.path().display()
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether a recorded outcome is a failure while the program ran (a
@@ -1267,6 +1292,12 @@ pub struct Rejudged {
     /// In a dry run, the keys of the programs whose code changed, in the
     /// walk's order.
     pub changed: Vec<String>,
+    /// Whether a signal stopped the walk before its end.
+    pub interrupted: bool,
+    /// Programs in flight when the signal came, whose new outcomes were
+    /// not kept: the signal may have ended their workers, so their
+    /// outcome says nothing of their code. The next rejudge judges them.
+    pub dropped: usize,
 }
 
 /// How many of a problem's changed programs a dry run names.
@@ -1278,15 +1309,18 @@ const NAMED: usize = 5;
 /// one (a coder change since it was judged) it is judged again, and its
 /// new outcome replaces the recorded one in the store's evaluations. No
 /// episode or step is recorded: the steps keep what their episodes saw.
+/// Once `stop` is requested it judges no further round, and keeps nothing
+/// of the round in flight.
 pub fn rejudge_problem(
     p: &mtmc_actions::problem::Problem,
     g: &OpGraph,
     judge: &mut ProblemJudge,
     store: &mut Store,
     bar: &ProgressBar,
-    dry_run: bool,
-    failed: bool,
+    req: &RejudgeRequest<'_>,
+    stop: &Interrupt,
 ) -> Result<Rejudged> {
+    let (dry_run, failed) = (req.dry_run, req.failed);
     let mut j = Judging::new(p, g, judge)?;
     j.retry_failed = failed;
     let name = j.problem.name.clone();
@@ -1311,6 +1345,8 @@ pub fn rejudge_problem(
             .collect(),
         moved: None,
         changed: Vec::new(),
+        interrupted: false,
+        dropped: 0,
     };
     bar.set_length(bar.length().unwrap_or(0) + walk.len() as u64);
     j.prebuild(&walk);
@@ -1318,6 +1354,10 @@ pub fn rejudge_problem(
         // What a rejudge would judge: the programs whose code changed and,
         // on a GPU, those recorded where no GPU timed them.
         for c in &walk {
+            if stop.requested() {
+                out.interrupted = true;
+                break;
+            }
             bar.inc(1);
             let d = &recorded[&c.key()];
             if !j.same_code(store, c, d)?.0 {
@@ -1339,11 +1379,22 @@ pub fn rejudge_problem(
     }
     let per = j.judge.in_flight().max(1);
     for round in walk.chunks(per) {
+        if stop.requested() {
+            out.interrupted = true;
+            break;
+        }
         let asked: Vec<(Move, Config, String)> = round
             .iter()
             .map(|c| (Move::Stop, c.clone(), c.key()))
             .collect();
         let evaluated = j.evaluate(Reuse::Unchanged(&*store), &asked)?;
+        if stop.requested() {
+            // The signal reaches the workers too (one process group):
+            // what this round judged may be their end, not the code's.
+            out.interrupted = true;
+            out.dropped = evaluated.iter().filter(|e| !e.reused).count();
+            break;
+        }
         out.judged += evaluated.iter().filter(|e| !e.reused).count();
         for (ev, c) in evaluated.into_iter().zip(round) {
             bar.inc(1);
@@ -1461,6 +1512,12 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         store.problems()?.into_iter().map(|p| p.name).collect();
     chosen.retain(|p| held.contains(&p.full_name()));
     let gpu = !req.dry_run && mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    if !req.dry_run {
+        claim_gpus(out, &store)?;
+    }
+    // Ctrl-C stops between rounds: the line of the problem it stopped on is
+    // written, and what was judged is kept.
+    let stop = Interrupt::catch().context("catching Ctrl-C")?;
     writeln!(
         out,
         "rejudge: {} problem(s) with recorded programs in {}; {}",
@@ -1478,7 +1535,13 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     let graphs = problems.graphs(&chosen)?;
     let bar = crate::fmt::progress_bar(0);
     let (mut judged, mut kept, mut untimed, mut failed, mut with_work) = (0, 0, 0, 0, 0);
-    for (p, traced) in chosen.iter().zip(graphs) {
+    let mut stopped: Option<(String, usize)> = None;
+    let total = chosen.len();
+    for (i, (p, traced)) in chosen.iter().zip(graphs).enumerate() {
+        if stop.requested() {
+            stopped.get_or_insert((format!("before {}", p.full_name()), total - i));
+            break;
+        }
         bar.set_message(p.full_name());
         let g = match traced.graph {
             Ok(g) => g,
@@ -1487,17 +1550,20 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                 continue;
             }
         };
-        match rejudge_problem(p, &g, &mut judge, &mut store, &bar, req.dry_run, req.failed) {
+        match rejudge_problem(p, &g, &mut judge, &mut store, &bar, &req, &stop) {
             Ok(r) => {
                 judged += r.judged;
                 kept += r.kept;
                 untimed += r.untimed;
                 failed += r.failed;
                 with_work += usize::from(r.judged > 0);
+                if r.interrupted {
+                    stopped = Some((format!("on {}", p.full_name()), total - i - 1));
+                }
                 bar.suspend(|| {
                     writeln!(
                         out,
-                        "{}: {} recorded program(s) reached, {} {}{}{}{}{}",
+                        "{}: {} recorded program(s) reached, {} {}{}{}{}{}{}",
                         p.full_name(),
                         r.reached,
                         r.judged,
@@ -1534,7 +1600,17 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                                 r.unreached.len()
                             )
                         },
-                        named(&r.changed)
+                        named(&r.changed),
+                        if !r.interrupted {
+                            String::new()
+                        } else if r.dropped > 0 {
+                            format!(
+                                "; interrupted: the {} program(s) in flight not kept",
+                                r.dropped
+                            )
+                        } else {
+                            "; interrupted".to_string()
+                        }
                     )
                 })?;
             }
@@ -1542,6 +1618,13 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         }
     }
     bar.finish_and_clear();
+    // What an interrupted run says after its summary, as the error.
+    let interrupted = |(at, left): (String, usize), what: &str| {
+        Interrupted(format!(
+            "stopped {at}{}; {what}",
+            counted(left, |n| format!(", {n} problem(s) after it not started"))
+        ))
+    };
     if req.dry_run {
         writeln!(
             out,
@@ -1553,7 +1636,12 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                 ", and {n} whose judging failed while they ran (--failed)"
             ))
         )?;
-        return Ok(());
+        return match stopped {
+            Some(s) => {
+                Err(interrupted(s, "the counts above are partial: run again for whole ones").into())
+            }
+            None => Ok(()),
+        };
     }
     writeln!(
         out,
@@ -1563,7 +1651,10 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         )),
         req.store.display()
     )?;
-    Ok(())
+    match stopped {
+        Some(s) => Err(interrupted(s, "every outcome above is kept: run again to resume").into()),
+        None => Ok(()),
+    }
 }
 
 /// The names of the action kinds `explore --beyond` takes.
@@ -1951,7 +2042,7 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
         let m = store.merge(source)?;
         writeln!(
             out,
-            "{}: {} episode(s), {} step(s) and {} newly judged program(s) merged; {} problem(s) new to {}{}{}{}",
+            "{}: {} episode(s), {} step(s) and {} newly judged program(s) merged; {} problem(s) new to {}{}{}{}{}",
             source.display(),
             m.episodes,
             m.steps,
@@ -1967,7 +2058,15 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
             counted(m.kept, |n| format!(
                 "; {n} program(s) it compiled only (no GPU) keep the outcome {} had from a GPU",
                 into.display()
-            ))
+            )),
+            m.named_gpu
+                .as_ref()
+                .map(|g| format!(
+                    "; {} named no GPU and now names the one {} names, the {g}",
+                    into.display(),
+                    source.display()
+                ))
+                .unwrap_or_default()
         )?;
     }
     Ok(())
@@ -1991,6 +2090,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         );
     }
     let mut store = Store::open(req.store)?;
+    claim_gpus(out, &store)?;
     let mut loaded = req.planner.load(req.seed)?;
     let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
     let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
@@ -2218,9 +2318,12 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     let transitions: usize = train.iter().map(|p| p.evals.len()).sum();
     writeln!(
         out,
-        "train: {} training problem(s) ({} recorded programs), {} held out{}; {} iteration(s) of {} episodes on the {}, discount {}{}{}",
+        "train: {} training problem(s) ({} recorded programs{}), {} held out{}; {} iteration(s) of {} episodes on the {}, discount {}{}{}",
         train.len(),
         transitions,
+        store
+            .gpu()?
+            .map_or(String::new(), |g| format!(", judged on the {g}")),
         test.len(),
         if req.validation {
             " (test and validation)"
@@ -2549,6 +2652,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     } = req;
     let left_out = kinds_mask("--without", without)?;
     let store = Store::open_to_read(store_path)?;
+    let gpu = store.gpu()?;
     let problems: Vec<TreeProblem> = tree::load_by(&store, recorded_by, &|n| split.knows(n))?
         .into_iter()
         .filter(|p| split.keeps(&p.problem.name) && of_levels(&p.problem.name, levels))
@@ -2696,7 +2800,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
     )?);
     writeln!(
         out,
-        "{} problem(s) ({:?} split{}), budget {budget} evaluations (exhaustive: {}{}); outcomes replayed from {}{}",
+        "{} problem(s) ({:?} split{}), budget {budget} evaluations (exhaustive: {}{}); outcomes replayed from {}{}{}",
         problems.len(),
         split,
         levels_words(levels),
@@ -2707,6 +2811,8 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         },
         stopping(checkpoint.is_some(), policy_stops),
         store_path.display(),
+        gpu.as_ref()
+            .map_or(String::new(), |g| format!(", judged on the {g}")),
         recorded_by.map_or(String::new(), |by| format!(
             " (the programs episodes of {by} reached)"
         ))
@@ -2729,6 +2835,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             "levels": levels,
             "budget": budget,
             "store": store_path.display().to_string(),
+            "gpu": gpu,
             "recorded_by": recorded_by,
             "policy_stops": policy_stops,
             "without": without,
@@ -3139,6 +3246,9 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
     let mut judge = ProblemJudge::new(gpu, req.timeout, true, false);
     let mut loaded = req.planner.load(req.seed)?.policy_stops(req.policy_stops);
     let mut store = req.store.map(Store::open).transpose()?;
+    if let Some(s) = &store {
+        claim_gpus(out, s)?;
+    }
     let knowledge = match (&req.planner, req.store) {
         (Choice::Trained(dir), None) => trained_knowledge(out, dir)?,
         _ => None,

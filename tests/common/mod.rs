@@ -49,6 +49,16 @@ impl Run {
         )
     }
 
+    /// Starts it with stdout and stderr piped, and returns at once.
+    #[allow(dead_code)]
+    pub fn spawn(mut self) -> std::process::Child {
+        self.0
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the binary starts")
+    }
+
     /// Runs, whatever its exit status.
     #[allow(dead_code)]
     pub fn finish(self) -> (std::process::ExitStatus, Output) {
