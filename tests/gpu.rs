@@ -8,7 +8,13 @@
 mod common;
 use common::mtmc;
 
-fn gpu() -> bool {
+/// Held by every GPU test while it runs: shared by the tests that judge
+/// correctness, taken alone by the one that times eager beside a
+/// candidate, since another test's kernels on the GPU would slow eager
+/// beside the candidate and not alone.
+static GPU: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn wanted() -> bool {
     if std::env::var_os("MTMC_GPU").is_some() {
         return true;
     }
@@ -16,11 +22,28 @@ fn gpu() -> bool {
     false
 }
 
+/// The GPU, shared with the other correctness tests; `None` unless
+/// `MTMC_GPU` is set.
+fn gpu() -> Option<std::sync::RwLockReadGuard<'static, ()>> {
+    wanted().then(|| {
+        GPU.read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    })
+}
+
+/// The GPU with no other test on it; `None` unless `MTMC_GPU` is set.
+fn gpu_alone() -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
+    wanted().then(|| {
+        GPU.write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    })
+}
+
 #[test]
 fn intents_are_correct_on_the_gpu_in_every_family() {
-    if !gpu() {
+    let Some(_gpu) = gpu() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     for (intent, shapes) in [
         ("y = gelu(x * s + b) - 0.5 * x", "x=4096x1024,s=1024,b=1024"),
@@ -178,9 +201,9 @@ fn optimize_problem(dir: &std::path::Path, problem: &str) -> String {
 
 #[test]
 fn convolutions_become_correct_kernels_where_the_reference_is_exact_float32() {
-    if !gpu() {
+    let Some(_gpu) = gpu() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let optimize = |problem: &str| optimize_problem(dir.path(), problem);
     // 8 input channels: cuDNN's reference is exact float32, and the
@@ -200,9 +223,9 @@ fn convolutions_become_correct_kernels_where_the_reference_is_exact_float32() {
 
 #[test]
 fn long_products_with_few_tiles_are_correct_split_over_k() {
-    if !gpu() {
+    let Some(_gpu) = gpu() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     // Judged natively against the f64 reference: a plain product (parts
     // add to the zeroed output), and a bias with a chain applied after
@@ -230,9 +253,9 @@ fn long_products_with_few_tiles_are_correct_split_over_k() {
 
 #[test]
 fn pooling_is_correct_staged_in_shared_memory_and_walked() {
-    if !gpu() {
+    let Some(_gpu) = gpu() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     // L1/46 (3-d average, stride 2): staged at 1 and 2 columns a thread,
     // walked at 4; L1/41 (1-d max, dilation 3) and L1/42 (2-d max, 4 rows
@@ -257,9 +280,9 @@ fn pooling_is_correct_staged_in_shared_memory_and_walked() {
 /// optimized for `target` and judged by the worker against the PyTorch
 /// model: every judged variant correct.
 fn family_problems_are_correct(target: &str) {
-    if !gpu() {
+    let Some(_gpu) = gpu() else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     // Every problem runs before the verdict, so that one run names all
     // the problems that fail.
@@ -296,9 +319,9 @@ fn family_problems_are_correct_on_the_gpu_in_triton() {
 
 #[test]
 fn eager_is_timed_beside_the_candidate_on_the_gpu_and_a_slowed_reference_is_not_believed() {
-    if !gpu() {
+    let Some(_alone) = gpu_alone() else {
         return;
-    }
+    };
     let cheats = concat!(env!("CARGO_MANIFEST_DIR"), "/env/tests/cheats");
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("outcomes.json");
