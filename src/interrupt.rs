@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// A stop asked for by a signal, read between items of work.
-#[derive(Clone)]
 pub struct Interrupt(Arc<AtomicBool>);
 
 impl Interrupt {

@@ -1371,12 +1371,6 @@ pub fn rejudge_problem(
         }
         return Ok(out);
     }
-    if failed {
-        out.failed = walk
-            .iter()
-            .filter(|c| failed_running(&recorded[&c.key()]))
-            .count();
-    }
     let per = j.judge.in_flight().max(1);
     for round in walk.chunks(per) {
         if stop.requested() {
@@ -1402,6 +1396,7 @@ pub fn rejudge_problem(
                 continue;
             }
             let key = c.key();
+            out.failed += usize::from(failed && failed_running(&recorded[&key]));
             out.recomputed +=
                 usize::from(ev.outcome.as_ref().is_some_and(|o| o.references_recomputed));
             if store.judged_again(&name, &key, &ev.diagnosis, &ev.hash)? {
@@ -1601,15 +1596,15 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                             )
                         },
                         named(&r.changed),
-                        if !r.interrupted {
-                            String::new()
-                        } else if r.dropped > 0 {
+                        if r.interrupted {
                             format!(
-                                "; interrupted: the {} program(s) in flight not kept",
-                                r.dropped
+                                "; interrupted{}",
+                                counted(r.dropped, |n| format!(
+                                    ": the {n} program(s) in flight not kept"
+                                ))
                             )
                         } else {
-                            "; interrupted".to_string()
+                            String::new()
                         }
                     )
                 })?;
