@@ -767,10 +767,11 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     };
     // Whether this run times its episodes: --table-only runs none, and
     // reads the pass as it was run.
+    let gpus = crate::cmd::plan::Gpus::probe();
     let timed = if let (true, Some((before, _))) = (req.table_only, &earlier) {
         before.timed
     } else {
-        mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty())
+        gpus.any()
     };
 
     let settings = Settings {
@@ -919,7 +920,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     if !work.is_empty() {
         let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
         // A pass resumed on another GPU would mix two GPUs' timings.
-        crate::cmd::plan::claim_gpus(out, &steps)?;
+        gpus.claim(out, &steps)?;
         let mut judge = ProblemJudge::with_baselines(timed, req.timeout, true, &["eager"], false);
         let needed: Vec<usize> = work
             .iter()

@@ -377,28 +377,46 @@ fn counted(n: usize, text: impl FnOnce(usize) -> String) -> String {
     if n > 0 { text(n) } else { String::new() }
 }
 
-/// Before a command writes outcomes judged on this machine's GPUs into
-/// `store`: each GPU, by its device table name (`H100`) where the driver's
-/// name has one, is claimed ([`Store::claim_gpu`]), so a store of another
-/// GPU's outcomes is refused before anything is judged, and a line says
-/// when a store that held outcomes of a GPU it did not name is taken to
-/// be this GPU's. Without a GPU nothing is judged on one, nothing claimed.
-pub fn claim_gpus(out: &mut dyn std::io::Write, store: &Store) -> Result<()> {
-    let Ok(driver) = mtmc_env::probe::driver() else {
-        return Ok(());
-    };
-    let specs = builtin_devices();
-    for g in &driver.gpus {
-        let name = find_device(&specs, &g.name).map_or(g.name.as_str(), |d| d.name.as_str());
-        if store.claim_gpu(name)? == mtmc_planner::store::Claim::Unnamed {
-            writeln!(
-                out,
-                "{} named no GPU (written by an earlier mtmc): its outcomes are taken to be the {name}'s, as this run's are",
-                store.path().display()
-            )?;
-        }
+/// This machine's GPUs as the driver reports them, probed once for a
+/// command: whether there are any (else programs are compiled only), and
+/// the names a store that records their outcomes is claimed for.
+pub struct Gpus(Option<mtmc_env::probe::Driver>);
+
+impl Gpus {
+    /// Asks the driver; no driver, or one that does not start, is no GPU.
+    pub fn probe() -> Gpus {
+        Gpus(mtmc_env::probe::driver().ok())
     }
-    Ok(())
+
+    /// Whether programs can be run and timed here.
+    pub fn any(&self) -> bool {
+        self.0.as_ref().is_some_and(|d| !d.gpus.is_empty())
+    }
+
+    /// Before a command writes outcomes judged on these GPUs into `store`:
+    /// each GPU, by its device table name (`H100`) where the driver's name
+    /// has one, is claimed ([`Store::claim_gpu`]), so a store of another
+    /// GPU's outcomes is refused before anything is judged, and a line says
+    /// when a store that held outcomes of a GPU it did not name is taken to
+    /// be this GPU's. Without a GPU nothing is judged on one, nothing
+    /// claimed.
+    pub fn claim(&self, out: &mut dyn std::io::Write, store: &Store) -> Result<()> {
+        let Some(driver) = &self.0 else {
+            return Ok(());
+        };
+        let specs = builtin_devices();
+        for g in &driver.gpus {
+            let name = find_device(&specs, &g.name).map_or(g.name.as_str(), |d| d.name.as_str());
+            if store.claim_gpu(name)? == mtmc_planner::store::Claim::Unnamed {
+                writeln!(
+                    out,
+                    "{} named no GPU (written by an earlier mtmc): its outcomes are taken to be the {name}'s, as this run's are",
+                    store.path().display()
+                )?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether a recorded outcome is a failure while the program ran (a
@@ -1506,10 +1524,13 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     let held: std::collections::BTreeSet<String> =
         store.problems()?.into_iter().map(|p| p.name).collect();
     chosen.retain(|p| held.contains(&p.full_name()));
-    let gpu = !req.dry_run && mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
-    if !req.dry_run {
-        claim_gpus(out, &store)?;
-    }
+    let gpu = if req.dry_run {
+        false
+    } else {
+        let gpus = Gpus::probe();
+        gpus.claim(out, &store)?;
+        gpus.any()
+    };
     // Ctrl-C stops between rounds: the line of the problem it stopped on is
     // written, and what was judged is kept.
     let stop = Interrupt::catch().context("catching Ctrl-C")?;
@@ -2085,9 +2106,10 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         );
     }
     let mut store = Store::open(req.store)?;
-    claim_gpus(out, &store)?;
+    let gpus = Gpus::probe();
+    gpus.claim(out, &store)?;
     let mut loaded = req.planner.load(req.seed)?;
-    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let gpu = gpus.any();
     let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
     let name = if req.beyond.kinds.is_empty() {
         loaded.planner.name()
@@ -3231,7 +3253,8 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
         .remove(0)
         .graph
         .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
-    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let gpus = Gpus::probe();
+    let gpu = gpus.any();
     if !gpu {
         writeln!(
             out,
@@ -3242,7 +3265,7 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
     let mut loaded = req.planner.load(req.seed)?.policy_stops(req.policy_stops);
     let mut store = req.store.map(Store::open).transpose()?;
     if let Some(s) = &store {
-        claim_gpus(out, s)?;
+        gpus.claim(out, s)?;
     }
     let knowledge = match (&req.planner, req.store) {
         (Choice::Trained(dir), None) => trained_knowledge(out, dir)?,
