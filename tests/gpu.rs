@@ -2,7 +2,8 @@
 //! `libcuda`/`libnvrtc` on the library path): intents optimized and judged
 //! on the GPU against the f64 reference, one per kernel family that runs
 //! natively, GEMM kernels in each operand layout among them; small
-//! problems of every family optimized for CUDA and for Triton.
+//! problems of every family optimized for CUDA and for Triton; a candidate
+//! out of memory beside the kept reference outputs judged again.
 
 #[allow(dead_code)]
 mod common;
@@ -390,4 +391,40 @@ fn eager_is_timed_beside_the_candidate_on_the_gpu_and_a_slowed_reference_is_not_
     let speedup =
         eager["mean_ms"].as_f64().unwrap() / cheat["runtime"]["mean_ms"].as_f64().unwrap();
     assert!(speedup < 2.0, "{speedup}");
+}
+
+/// A candidate that runs out of GPU memory beside the reference outputs
+/// the worker keeps is judged once more with them recomputed for each
+/// check, on a real GPU: the problem's input and output are sized to the
+/// GPU's memory, and the candidate's scratch fits only without the kept
+/// outputs. It takes the GPU alone, since it fills most of its memory.
+#[test]
+fn out_of_memory_beside_the_kept_references_is_judged_again_with_them_recomputed() {
+    let Some(_alone) = gpu_alone() else {
+        return;
+    };
+    let memory = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/memory");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("outcomes.json");
+    let s = mtmc(&[
+        "eval",
+        "L1/1",
+        "--kernelbench",
+        memory,
+        "--candidate",
+        &format!("{memory}/needs_most_of_the_gpu.py"),
+        "--json",
+        json.to_str().unwrap(),
+    ])
+    .env("MTMC_CACHE_DIR", dir.path())
+    .success()
+    .stdout;
+    assert!(
+        s.contains("judged again with the reference outputs recomputed for each check"),
+        "{s}"
+    );
+    let v = common::read_json(&json);
+    let outcome = &v[0]["outcome"];
+    assert_eq!(outcome["status"], "correct", "{outcome}");
+    assert_eq!(outcome["references_recomputed"], true, "{outcome}");
 }
