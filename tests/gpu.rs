@@ -12,7 +12,8 @@ use common::mtmc;
 /// Held by every GPU test while it runs: shared by the tests that judge
 /// correctness, taken alone by the one that times eager beside a
 /// candidate, since another test's kernels on the GPU would slow eager
-/// beside the candidate and not alone.
+/// beside the candidate and not alone, and by the one that fills most of
+/// the GPU's memory.
 static GPU: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// Whether `MTMC_GPU` asks for the GPU tests: set to anything but empty
