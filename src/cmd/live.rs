@@ -766,12 +766,12 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         None
     };
     // Whether this run times its episodes: --table-only runs none, and
-    // reads the pass as it was run.
-    let gpus = crate::cmd::plan::Gpus::probe();
-    let timed = if let (true, Some((before, _))) = (req.table_only, &earlier) {
-        before.timed
+    // reads the pass as it was run, without asking the driver.
+    let (timed, gpus) = if let (true, Some((before, _))) = (req.table_only, &earlier) {
+        (before.timed, None)
     } else {
-        gpus.any()
+        let gpus = crate::cmd::plan::Gpus::probe();
+        (gpus.any(), Some(gpus))
     };
 
     let settings = Settings {
@@ -920,7 +920,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     if !work.is_empty() {
         let mut steps = Store::open(&req.out_dir.join("trajectories.sqlite"))?;
         // A pass resumed on another GPU would mix two GPUs' timings.
-        gpus.claim(out, &steps)?;
+        if let Some(gpus) = &gpus {
+            gpus.claim(out, &steps)?;
+        }
         let mut judge = ProblemJudge::with_baselines(timed, req.timeout, true, &["eager"], false);
         let needed: Vec<usize> = work
             .iter()
