@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-/// A stop asked for by a signal, read between items of work.
+/// A stop asked for by a signal, read between items of work (a clone reads
+/// the same flag).
+#[derive(Clone)]
 pub struct Interrupt(Arc<AtomicBool>);
 
 impl Interrupt {

@@ -9,6 +9,52 @@ use std::path::Path;
 
 use common::{Output, Run, mtmc, read_json, shared_jsonl, walk};
 
+/// `mtmc explore` of L2/76 (a GEMM and a pointwise region) and L1/24 (a
+/// softmax row) into `store`: `episodes` of `planner` each, at budget 6.
+fn explore_two<'a>(
+    kb: &'a str,
+    planner: &'a str,
+    episodes: &'a str,
+    store: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "--kernelbench",
+        kb,
+        "explore",
+        "L2/76",
+        "L1/24",
+        "--split",
+        "all",
+        "--planner",
+        planner,
+        "--episodes",
+        episodes,
+        "--budget",
+        "6",
+        "--trajectories",
+        store,
+    ]
+}
+
+/// `mtmc compare --live` on every problem of `store` (`--split all`) with
+/// the checkpoint `ck`, at `budget`, into `out`.
+fn live_args<'a>(store: &'a str, ck: &'a str, budget: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
+        "compare",
+        "--live",
+        "--trajectories",
+        store,
+        "--checkpoint",
+        ck,
+        "--split",
+        "all",
+        "--budget",
+        budget,
+        "--out",
+        out,
+    ]
+}
+
 /// `mtmc train` of two small iterations (a tiny policy): enough to write a
 /// checkpoint and say what it trained on.
 fn train_briefly(store: &str, out: &str, extra: &[&str]) -> Run {
@@ -38,26 +84,8 @@ fn explore_train_compare_and_a_planned_optimize() {
     let store_s = store.to_string_lossy().into_owned();
     let ck_s = ck.to_string_lossy().into_owned();
 
-    // L2/76: a GEMM and a pointwise region; L1/24: a softmax row.
     let explore = |planner: &str, episodes: &str| {
-        mtmc(&[
-            "--kernelbench",
-            &kb,
-            "explore",
-            "L2/76",
-            "L1/24",
-            "--split",
-            "all",
-            "--planner",
-            planner,
-            "--episodes",
-            episodes,
-            "--budget",
-            "6",
-            "--trajectories",
-            &store_s,
-        ])
-        .success()
+        mtmc(&explore_two(&kb, planner, episodes, &store_s)).success()
     };
     let run = explore("exhaustive", "1");
     assert!(
@@ -333,22 +361,8 @@ fn explore_train_compare_and_a_planned_optimize() {
     let live = dir.path().join("live");
     let live_s = live.to_string_lossy().into_owned();
     let live_of = |ck: &str, out: &str, budget: &str, more: &[&str]| {
-        let mut args = vec![
-            "--kernelbench",
-            &kb,
-            "compare",
-            "--live",
-            "--trajectories",
-            &store_s,
-            "--checkpoint",
-            ck,
-            "--split",
-            "all",
-            "--budget",
-            budget,
-            "--out",
-            out,
-        ];
+        let mut args = vec!["--kernelbench", &kb];
+        args.extend(live_args(&store_s, ck, budget, out));
         args.extend_from_slice(more);
         mtmc(&args)
     };
@@ -358,21 +372,7 @@ fn explore_train_compare_and_a_planned_optimize() {
     // Without the problems' code (the built-in traces hold graphs only)
     // nothing runs, and nothing is written.
     let nowhere = dir.path().join("no-code");
-    let err = mtmc(&[
-        "compare",
-        "--live",
-        "--trajectories",
-        &store_s,
-        "--checkpoint",
-        &ck_s,
-        "--split",
-        "all",
-        "--budget",
-        "2",
-        "--out",
-        &nowhere.to_string_lossy(),
-    ])
-    .failure();
+    let err = mtmc(&live_args(&store_s, &ck_s, "2", &nowhere.to_string_lossy())).failure();
     assert!(
         err.error.contains("has none here")
             && err.error.contains("pass --kernelbench")
@@ -462,6 +462,40 @@ fn explore_train_compare_and_a_planned_optimize() {
         run.stdout
     );
     assert_eq!(lines(&episodes).len(), 6);
+    // Ctrl-C as soon as a pass says what it will run: the episode in
+    // flight is not kept, and the same command resumes.
+    let cut = dir.path().join("live-stopped");
+    let cut_s = cut.to_string_lossy().into_owned();
+    let mut args = vec!["--kernelbench", &kb];
+    args.extend(live_args(&store_s, &ck_s, "2", &cut_s));
+    let (out, err) = interrupted(&args, |l| l.starts_with("compare --live: "));
+    let cut_episodes = cut.join("episodes.jsonl");
+    assert!(
+        err.contains(&format!(
+            "every finished episode is in {}: run the same command again to resume",
+            cut_episodes.display()
+        )),
+        "{err}"
+    );
+    let kept = match cut_episodes.exists() {
+        true => lines(&cut_episodes).len(),
+        false => 0,
+    };
+    let printed = out
+        .lines()
+        .filter(|l| l.contains(" evaluation(s) ("))
+        .count();
+    assert!(kept == printed && kept < 6, "{out}");
+    let run = live_in(&cut_s, "2", &[]).success();
+    assert!(
+        run.stdout.contains(&format!(
+            "{} episode(s) to run ({kept} already in",
+            6 - kept
+        )),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(lines(&cut_episodes).len(), 6);
     // Other settings into the same folder are refused.
     let err = live_run("3").failure();
     assert!(
@@ -1762,9 +1796,177 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
     }
 }
 
+/// Runs mtmc with `args` and sends it SIGINT once it printed a line that
+/// `until` accepts; expects it to stop with status 130 and an
+/// `interrupted:` line. Returns its stdout and stderr.
+fn interrupted(args: &[&str], until: impl Fn(&str) -> bool) -> (String, String) {
+    use std::io::{BufRead, Read};
+    let mut child = mtmc(args).spawn();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut stdout = String::new();
+    loop {
+        let mut line = String::new();
+        let n = out.read_line(&mut line).unwrap();
+        assert!(n > 0, "it ended before the line awaited:\n{stdout}");
+        stdout.push_str(&line);
+        if until(line.trim_end()) {
+            break;
+        }
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    out.read_to_string(&mut stdout).unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    // It stops with 128 + SIGINT, not killed by the signal, and says where.
+    assert_eq!(status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("interrupted: stopped ") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    (stdout, stderr)
+}
+
+#[test]
+fn a_planned_search_stopped_by_ctrl_c_writes_its_best_so_far_and_leaves_its_episode_unfinished() {
+    let dir = tempfile::tempdir().unwrap();
+    let kb = shared_jsonl();
+    let out = dir.path().join("out");
+    let store = dir.path().join("traj.sqlite");
+    let (out_s, store_s) = (out.to_string_lossy(), store.to_string_lossy());
+    let args = [
+        "--kernelbench",
+        &kb,
+        "optimize",
+        "L2/76",
+        "--planner",
+        "exhaustive",
+        "--budget",
+        "8",
+        "--out",
+        &out_s,
+        "--trajectories",
+        &store_s,
+    ];
+    // Ctrl-C once the first program is judged: the round in flight is not
+    // kept.
+    let (stdout, stderr) = interrupted(&args, |l| l.starts_with("  step 1: "));
+    let steps = stdout.lines().filter(|l| l.starts_with("  step ")).count();
+    assert!((1..8).contains(&steps), "{stdout}");
+    assert!(
+        stdout.contains(&format!("  interrupted after {steps} evaluation(s)")),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "interrupted: stopped after {steps} of 8 evaluation(s); the best program so far (compiled only: nothing was timed) is in {out_s}"
+        )),
+        "{stderr}"
+    );
+    // The best so far and the report of what was judged are written.
+    assert!(out.join("model_new.py").is_file());
+    let report = read_json(&out.join("report.json"));
+    assert_eq!(report["interrupted"], true);
+    assert_eq!(report["attempts"].as_array().unwrap().len(), steps);
+    // The store keeps each step printed; the episode is left unfinished.
+    let sql = rusqlite::Connection::open(&store).unwrap();
+    let count = |q: &str| -> i64 { sql.query_row(q, [], |r| r.get(0)).unwrap() };
+    assert_eq!(count("SELECT COUNT(*) FROM steps"), steps as i64);
+    assert_eq!(
+        count("SELECT COUNT(*) FROM episodes WHERE finished_at IS NULL"),
+        1
+    );
+    assert_eq!(count("SELECT COUNT(*) FROM episodes"), 1);
+}
+
+#[test]
+fn explore_stopped_by_ctrl_c_keeps_every_finished_step_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let kb = shared_jsonl();
+    let store = dir.path().join("traj.sqlite");
+    let store_s = store.to_string_lossy();
+    let args = explore_two(&kb, "random", "3", &store_s);
+    // Ctrl-C once the first episode is finished.
+    let (stdout, stderr) = interrupted(&args, |l| l.contains(": episode 1: best "));
+    let episodes: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(": episode "))
+        .collect();
+    let cut: Vec<&&str> = episodes
+        .iter()
+        .filter(|l| {
+            l.ends_with("; interrupted: its steps are kept, the episode is left unfinished")
+        })
+        .collect();
+    let finished = episodes.len() - cut.len();
+    assert!(finished < 6 && cut.len() <= 1, "{stdout}");
+    assert!(
+        stdout.contains("store: ")
+            && stderr.contains("every finished step is kept: run again to resume"),
+        "{stdout}\n{stderr}"
+    );
+    // Stopped in an episode, its line says so and the error names it;
+    // else the error names the episode it stopped before.
+    let after = 6 - finished - 1;
+    let left = if after > 0 {
+        format!(", {after} episode(s) after it not started")
+    } else {
+        String::new()
+    };
+    match cut.first() {
+        Some(l) => {
+            let at = l
+                .split(": best ")
+                .next()
+                .unwrap()
+                .replace(": episode", " episode");
+            assert!(
+                stderr.contains(&format!("stopped in {at}{left};")),
+                "{stderr}"
+            );
+        }
+        None => assert!(
+            stderr.contains("stopped before ") && stderr.contains(&format!("{left};")),
+            "{stderr}"
+        ),
+    }
+    let sql = rusqlite::Connection::open(&*store).unwrap();
+    let count = |q: &str| -> i64 { sql.query_row(q, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT COUNT(*) FROM episodes WHERE finished_at IS NOT NULL"),
+        finished as i64
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM episodes WHERE finished_at IS NULL"),
+        cut.len() as i64
+    );
+    // Run again: the episodes left are run, and every problem has three.
+    let run = mtmc(&args).success();
+    assert!(
+        run.stdout.contains(&format!(
+            "{} episode(s) to run ({finished} already in",
+            6 - finished
+        )),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) FROM episodes WHERE finished_at IS NOT NULL"),
+        6
+    );
+}
+
 #[test]
 fn rejudge_stopped_by_ctrl_c_says_where_keeps_what_it_judged_and_resumes() {
-    use std::io::{BufRead, Read};
     let (_dir, store, store_s, kb) = l2_76_store();
     let problem = "L2/76_Gemm_Add_ReLU";
     let first = recorded_hashes(&store, problem);
@@ -1778,36 +1980,10 @@ fn rejudge_stopped_by_ctrl_c_says_where_keeps_what_it_judged_and_resumes() {
         .unwrap();
     assert_eq!(stale, 6);
     let args = rejudge_l2_76(&kb, &store_s, &[]);
-    let mut child = mtmc(&args).spawn();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut header = String::new();
-    stdout.read_line(&mut header).unwrap();
-    assert!(header.starts_with("rejudge: 1 problem(s)"), "{header}");
     // Ctrl-C as soon as it said what it will do, long before the six
     // programs are built and judged.
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let mut rest = String::new();
-    stdout.read_to_string(&mut rest).unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let status = child.wait().unwrap();
-    // It stops with 128 + SIGINT, not killed by the signal, and says where.
-    assert_eq!(status.code(), Some(130), "{rest}\n{stderr}");
-    assert!(
-        stderr.contains("interrupted: stopped ")
-            && stderr.contains("run again to resume")
-            && !stderr.contains("panicked"),
-        "{stderr}"
-    );
+    let (rest, stderr) = interrupted(&args, |l| l.starts_with("rejudge: 1 problem(s)"));
+    assert!(stderr.contains("run again to resume"), "{stderr}");
     // Stopped on the problem, its line ends so; stopped before it, the
     // error names it.
     let line = rest.lines().find(|l| l.starts_with(problem));

@@ -31,10 +31,11 @@ use sha2::{Digest, Sha256};
 
 use crate::cmd::optimize::ProblemJudge;
 use crate::cmd::plan::{
-    Choice, NEAR, PlanSettings, PlannerResult, Split, compared, exhaustive_row, geomean,
+    Choice, NEAR, PlanSettings, PlannerResult, Split, compared, counted, exhaustive_row, geomean,
     judge_side_by_side, levels_words, of_levels, plan_problem, print_table, problem_rows,
     rebuild_best, row, stopping,
 };
+use crate::interrupt::{Interrupt, Interrupted};
 
 /// What `mtmc compare --live` was asked to do.
 pub struct LiveRequest<'a> {
@@ -280,7 +281,8 @@ fn judge_left(
     rounds: usize,
     timeout: Duration,
     judged: &mut BTreeMap<String, SideBySide>,
-) -> Result<()> {
+    stop: Option<&Interrupt>,
+) -> Result<Option<String>> {
     let by: BTreeMap<(&str, &str), &Finished> = done
         .iter()
         .map(|f| ((f.problem.as_str(), f.planner.as_str()), f))
@@ -298,7 +300,7 @@ fn judge_left(
         .map(|(k, _)| k)
         .collect();
     if todo.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     writeln!(
         out,
@@ -307,6 +309,7 @@ fn judge_left(
     )?;
     let graphs = problems.graphs(&todo.iter().map(|&k| chosen[k]).collect::<Vec<_>>())?;
     let mut judge = ProblemJudge::with_baselines(true, timeout, true, &["eager"], false);
+    let requested = || stop.is_some_and(Interrupt::requested);
     let build = build_id()?;
     let best_dir = out_dir.join("best");
     std::fs::create_dir_all(&best_dir)
@@ -317,8 +320,15 @@ fn judge_left(
     // Each folder's steps, opened once (a reused episode's are in its
     // pass's folder).
     let mut stores: BTreeMap<PathBuf, Store> = BTreeMap::new();
-    for (&k, traced) in todo.iter().zip(&graphs) {
+    for (i, (&k, traced)) in todo.iter().zip(&graphs).enumerate() {
         let name = &recorded[k].problem.name;
+        if requested() {
+            bar.finish_and_clear();
+            return Ok(Some(format!(
+                "before judging {name} side by side, {} problem(s) not judged so",
+                todo.len() - i
+            )));
+        }
         bar.set_message(format!("{name}: side by side"));
         let built = (|| -> Result<Rebuilt> {
             let g = traced
@@ -375,7 +385,19 @@ fn judge_left(
                 codes.push(code.clone());
             }
         }
-        let mut speedups = judge_side_by_side(chosen[k], &mut judge, &codes, rounds)?.into_iter();
+        let speedups = judge_side_by_side(chosen[k], &mut judge, &codes, rounds);
+        if requested() {
+            // The signal reaches the workers too: these rounds may time
+            // their end, not the programs.
+            bar.finish_and_clear();
+            return Ok(Some(format!(
+                "judging {name} side by side (not kept){}",
+                counted(todo.len() - i - 1, |n| format!(
+                    ", {n} problem(s) after it not judged so"
+                ))
+            )));
+        }
+        let mut speedups = speedups?.into_iter();
         let line = SideBySide {
             problem: name.clone(),
             rounds,
@@ -414,7 +436,7 @@ fn judge_left(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    Ok(())
+    Ok(None)
 }
 
 /// The running mtmc's build: its version and the first 12 hex digits of
@@ -885,6 +907,16 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             .join(", "),
         req.budget,
     );
+    // Ctrl-C stops between rounds of judging: the episode or the problem
+    // judged side by side in flight is not kept, and the table covers what
+    // was finished.
+    let stop = match req.table_only {
+        true => None,
+        false => Some(Interrupt::catch().context("catching Ctrl-C")?),
+    };
+    let requested = || stop.as_ref().is_some_and(Interrupt::requested);
+    // Where a signal stopped the pass.
+    let mut stopped: Option<String> = None;
     if req.table_only {
         writeln!(
             out,
@@ -924,6 +956,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             gpus.claim(out, &steps)?;
         }
         let mut judge = ProblemJudge::with_baselines(timed, req.timeout, true, &["eager"], false);
+        if let Some(s) = &stop {
+            judge = judge.stopping_on(s);
+        }
         let needed: Vec<usize> = work
             .iter()
             .map(|w| w.0)
@@ -946,9 +981,16 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             knowledge: req.split,
         };
         let bar = crate::fmt::progress_bar(work.len() as u64);
-        for &(k, j) in &work {
+        for (i, &(k, j)) in work.iter().enumerate() {
             let name = &recorded[k].problem.name;
             let (planner, choice) = &planners[j];
+            if requested() {
+                stopped = Some(format!(
+                    "before {name}: {planner}, {} episode(s) not run",
+                    work.len() - i
+                ));
+                break;
+            }
             bar.set_message(format!("{name}: {planner}"));
             let g = match &graphs[&k].graph {
                 Ok(g) => g,
@@ -983,6 +1025,15 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             std::fs::write(&log_path, &log)
                 .with_context(|| format!("cannot write `{}`", log_path.display()))?;
             match r {
+                Ok(r) if r.interrupted => {
+                    stopped = Some(format!(
+                        "in {name}: {planner} (not kept: a rerun runs it again){}",
+                        counted(work.len() - i - 1, |n| format!(
+                            ", {n} episode(s) after it not run"
+                        ))
+                    ));
+                    break;
+                }
                 Ok(r) => {
                     let f = Finished {
                         problem: name.clone(),
@@ -1019,9 +1070,9 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     }
 
     let mut judged = side_by_side(&req.out_dir.join(SIDE_BY_SIDE))?;
-    if req.side_by_side > 0 && !req.table_only {
+    if req.side_by_side > 0 && !req.table_only && stopped.is_none() {
         if timed {
-            judge_left(
+            stopped = judge_left(
                 out,
                 req.out_dir,
                 &recorded,
@@ -1032,6 +1083,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                 req.side_by_side,
                 req.timeout,
                 &mut judged,
+                stop.as_ref(),
             )?;
         } else {
             writeln!(
@@ -1087,7 +1139,17 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             }
         }
     }
+    // What an interrupted pass says last, as the error.
+    let interrupted = |at: String| {
+        Interrupted(format!(
+            "stopped {at}; every finished episode is in {}: run the same command again to resume",
+            episodes_path.display()
+        ))
+    };
     if complete.is_empty() {
+        if let Some(at) = stopped {
+            return Err(interrupted(at).into());
+        }
         bail!(
             "no problem has a finished episode of every planner yet: run the same command again to resume"
         );
@@ -1261,7 +1323,10 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         std::fs::write(&path, &text)
             .with_context(|| format!("cannot write `{}`", path.display()))?;
     }
-    Ok(())
+    match stopped {
+        Some(at) => Err(interrupted(at).into()),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

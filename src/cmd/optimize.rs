@@ -30,6 +30,7 @@ use mtmc_env::worker::Protocol;
 
 use crate::cmd::bench::Target;
 use crate::cmd::show::Subject;
+use crate::interrupt::Interrupt;
 
 /// What `mtmc optimize` was asked to do.
 pub struct Request<'a> {
@@ -292,6 +293,9 @@ pub struct ProblemJudge {
     pub(crate) strict: bool,
     runtime: tokio::runtime::Runtime,
     pool: WorkerPool,
+    /// A stop asked for by a signal: a planned search reads it between
+    /// rounds and keeps nothing of the round it stopped in.
+    stop: Option<Interrupt>,
 }
 
 impl ProblemJudge {
@@ -335,7 +339,19 @@ impl ProblemJudge {
                 .build()
                 .expect("a current-thread runtime starts"),
             pool: WorkerPool::new(&gpus, &settings),
+            stop: None,
         }
+    }
+
+    /// The judge, stopping the planned searches it judges for on `stop`.
+    pub fn stopping_on(mut self, stop: &Interrupt) -> ProblemJudge {
+        self.stop = Some(stop.clone());
+        self
+    }
+
+    /// Whether a stop was asked for.
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.as_ref().is_some_and(Interrupt::requested)
     }
 
     /// Judges one candidate of `problem`: the Python program `code`

@@ -336,6 +336,10 @@ pub struct EpisodeResult {
     /// Recorded programs judged again because this build writes their code
     /// otherwise ([`Reuse::Unchanged`]).
     pub changed: usize,
+    /// Whether a signal stopped the episode before its end: the round in
+    /// flight was not kept, the episode was left unfinished in the store
+    /// (steps kept, no end), and the best was not judged again.
+    pub interrupted: bool,
 }
 
 /// Which recorded outcomes a search takes instead of judging.
@@ -373,7 +377,7 @@ fn reusable(recorded: &Diagnosis, gpu: bool) -> bool {
 
 /// A clause of a report line that counts `n` of something (`text` writes
 /// it), or nothing when there are none.
-fn counted(n: usize, text: impl FnOnce(usize) -> String) -> String {
+pub(crate) fn counted(n: usize, text: impl FnOnce(usize) -> String) -> String {
     if n > 0 { text(n) } else { String::new() }
 }
 
@@ -587,7 +591,14 @@ pub fn plan_problem(
             n => format!(", {n} in flight (one per GPU)"),
         }
     )?;
+    // A stop asked for by a signal, and the programs of the round it
+    // dropped.
+    let (mut interrupted, mut dropped) = (false, 0);
     while !e.done {
+        if j.judge.stop_requested() {
+            interrupted = true;
+            break;
+        }
         let started = now();
         let obs = observe(&problem, &e, &prior);
         let mask = e.mask();
@@ -633,7 +644,13 @@ pub fn plan_problem(
             .map(|(m, next, _)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
             .collect();
         let reuse = Reuse::of(store.as_deref(), settings.reuse, settings.rejudge_changed);
-        let judged = j.evaluate(reuse, &asked)?;
+        let judged = match j.evaluate(reuse, &asked)? {
+            Round::Judged(judged) => judged,
+            Round::Dropped(n) => {
+                (interrupted, dropped) = (true, n);
+                break;
+            }
+        };
         for ((ev, (m, next, obs)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
             let text = ev.diagnosis.text();
             let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
@@ -674,10 +691,20 @@ pub fn plan_problem(
             e.stop();
         }
     }
-    if let (Some(s), Some(id)) = (store.as_deref(), episode_id) {
+    if interrupted {
+        writeln!(
+            out,
+            "  interrupted after {} evaluation(s){}",
+            e.step,
+            counted(dropped, |n| format!(
+                "; the {n} program(s) in flight not kept"
+            ))
+        )?;
+    }
+    if let (Some(s), Some(id), false) = (store.as_deref(), episode_id, interrupted) {
         s.end_episode(id, e.best_speedup())?;
     }
-    let rejudged = if settings.rejudge {
+    let rejudged = if settings.rejudge && !interrupted {
         j.rejudge_best()?
     } else {
         None
@@ -706,6 +733,7 @@ pub fn plan_problem(
         wrote,
         rejudged,
         changed: j.changed,
+        interrupted,
     })
 }
 
@@ -1090,11 +1118,12 @@ impl<'a> Judging<'a> {
     /// diagnosis, outcome, fragment hash and code, in the order asked. The
     /// programs built are judged together, one per worker (GPU) at a time.
     /// Every attempt and (when best) the program are kept in `found`.
-    fn evaluate(
-        &mut self,
-        reuse: Reuse<'_>,
-        asked: &[(Move, Config, String)],
-    ) -> Result<Vec<Evaluated>> {
+    /// Once the judge's stop is asked for, the round keeps nothing
+    /// ([`Round::Dropped`]).
+    fn evaluate(&mut self, reuse: Reuse<'_>, asked: &[(Move, Config, String)]) -> Result<Round> {
+        if self.judge.stop_requested() {
+            return Ok(Round::Dropped(0));
+        }
         let mut known = Vec::new();
         for (_, next, _) in asked {
             let recorded = match reuse {
@@ -1131,8 +1160,17 @@ impl<'a> Judging<'a> {
             })
             .collect();
         let specs = builtin_devices();
-        let mut outcomes =
-            judge_programs(self.judge, &self.source, &self.p.code, &to_judge, &specs)?.into_iter();
+        let judged = judge_programs(self.judge, &self.source, &self.p.code, &to_judge, &specs);
+        if self.judge.stop_requested() {
+            // The signal reaches the workers too (one process group): what
+            // this round judged may be their end, not the code's.
+            let built = known
+                .iter()
+                .filter(|k| matches!(k, Known::Built(_)))
+                .count();
+            return Ok(Round::Dropped(built));
+        }
+        let mut outcomes = judged?.into_iter();
         let found = &mut self.found;
         let mut done = Vec::new();
         for (k, (m, next, _)) in known.into_iter().zip(asked) {
@@ -1187,8 +1225,18 @@ impl<'a> Judging<'a> {
                 }
             });
         }
-        Ok(done)
+        Ok(Round::Judged(done))
     }
+}
+
+/// What a round of [`Judging::evaluate`] gave.
+enum Round {
+    /// Each configuration's evaluation, in the order asked.
+    Judged(Vec<Evaluated>),
+    /// Nothing kept: a stop was asked for before or while the round was
+    /// judged. Holds how many of its programs were built for judging (not
+    /// taken from the store).
+    Dropped(usize),
 }
 
 /// Exhaustive search within the budget: every program reachable from the
@@ -1217,7 +1265,8 @@ pub fn enumerate_problem(
     )]);
     let mut queued: std::collections::BTreeSet<String> = ["library".to_string()].into();
     let mut bests = Vec::new();
-    while e.step < budget && !queue.is_empty() {
+    let mut interrupted = j.judge.stop_requested();
+    while e.step < budget && !queue.is_empty() && !interrupted {
         // Up to one program per worker, in breadth-first order.
         let take = j.judge.in_flight().min(budget - e.step).min(queue.len());
         let round: Vec<(Config, Move, Config)> = queue.drain(..take).collect();
@@ -1226,10 +1275,16 @@ pub fn enumerate_problem(
             .iter()
             .map(|(_, m, next)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
             .collect();
-        let judged = j.evaluate(
+        let judged = match j.evaluate(
             Reuse::of(Some(&*rec.store), true, rec.rejudge_changed),
             &asked,
-        )?;
+        )? {
+            Round::Judged(judged) => judged,
+            Round::Dropped(_) => {
+                interrupted = true;
+                break;
+            }
+        };
         for ((ev, (parent, m, next)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
             e.config = parent.clone();
             let obs = observe(problem, &e, prior);
@@ -1247,7 +1302,7 @@ pub fn enumerate_problem(
             }
         }
     }
-    rec.end(&j, &open, e.best_speedup(), e.step, bests)
+    rec.end(&j, &open, e.best_speedup(), e.step, bests, interrupted)
 }
 
 /// The library program's configuration, then those of the recorded
@@ -1328,7 +1383,7 @@ const NAMED: usize = 5;
 /// new outcome replaces the recorded one in the store's evaluations. No
 /// episode or step is recorded: the steps keep what their episodes saw.
 /// Once `stop` is requested it judges no further round, and keeps nothing
-/// of the round in flight.
+/// of the round in flight (`judge` stops on the same signal).
 pub fn rejudge_problem(
     p: &mtmc_actions::problem::Problem,
     g: &OpGraph,
@@ -1399,14 +1454,14 @@ pub fn rejudge_problem(
             .iter()
             .map(|c| (Move::Stop, c.clone(), c.key()))
             .collect();
-        let evaluated = j.evaluate(Reuse::Unchanged(&*store), &asked)?;
-        if stop.requested() {
-            // The signal reaches the workers too (one process group):
-            // what this round judged may be their end, not the code's.
-            out.interrupted = true;
-            out.dropped = evaluated.iter().filter(|e| !e.reused).count();
-            break;
-        }
+        let evaluated = match j.evaluate(Reuse::Unchanged(&*store), &asked)? {
+            Round::Judged(e) => e,
+            Round::Dropped(n) => {
+                out.interrupted = true;
+                out.dropped = n;
+                break;
+            }
+        };
         out.judged += evaluated.iter().filter(|e| !e.reused).count();
         for (ev, c) in evaluated.into_iter().zip(round) {
             bar.inc(1);
@@ -1547,7 +1602,8 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
             "no GPU: compile only (a compile-only outcome never replaces a timed one)"
         }
     )?;
-    let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
+    let mut judge =
+        ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false).stopping_on(&stop);
     let graphs = problems.graphs(&chosen)?;
     let bar = crate::fmt::progress_bar(0);
     let (mut judged, mut kept, mut untimed, mut failed, mut with_work) = (0, 0, 0, 0, 0);
@@ -1772,7 +1828,8 @@ pub fn extend_problem(
         .fold(0.0, f64::max);
     let mut bests = Vec::new();
     let mut done = 0;
-    while done < candidates.len() {
+    let mut interrupted = j.judge.stop_requested();
+    while done < candidates.len() && !interrupted {
         let take = j.judge.in_flight().min(candidates.len() - done);
         let round = &candidates[done..done + take];
         done += take;
@@ -1787,7 +1844,14 @@ pub fn extend_problem(
                 )
             })
             .collect();
-        let judged = j.evaluate(Reuse::Nothing, &asked)?;
+        let judged = match j.evaluate(Reuse::Nothing, &asked)? {
+            Round::Judged(judged) => judged,
+            Round::Dropped(_) => {
+                done -= take;
+                interrupted = true;
+                break;
+            }
+        };
         for (ev, ((_, _, parent, m, next), (_, _, label))) in
             judged.into_iter().zip(round.iter().zip(&asked))
         {
@@ -1802,7 +1866,7 @@ pub fn extend_problem(
             rec.step(out, &open, ev, &e, parent, *m, next, label, r, obs, started)?;
         }
     }
-    rec.end(&j, &open, best, done, bests)
+    rec.end(&j, &open, best, done, bests, interrupted)
 }
 
 /// Where an enumerating episode (`enumerate_problem`, `extend_problem`)
@@ -1873,7 +1937,9 @@ impl Recording<'_> {
     }
 
     /// Ends the episode with `best` after `evaluations` steps; `bests`
-    /// holds the best speedup after each.
+    /// holds the best speedup after each. An episode a signal stopped
+    /// (`interrupted`) is left unfinished: its steps are kept, and the
+    /// next run of its planner runs it again.
     fn end(
         &mut self,
         j: &Judging<'_>,
@@ -1881,8 +1947,11 @@ impl Recording<'_> {
         best: f64,
         evaluations: usize,
         bests: Vec<f64>,
+        interrupted: bool,
     ) -> Result<EpisodeResult> {
-        self.store.end_episode(open.id, best)?;
+        if !interrupted {
+            self.store.end_episode(open.id, best)?;
+        }
         Ok(EpisodeResult {
             best,
             evaluations,
@@ -1890,6 +1959,7 @@ impl Recording<'_> {
             wrote: j.found.best.is_some(),
             rejudged: None,
             changed: j.changed,
+            interrupted,
         })
     }
 }
@@ -2110,7 +2180,11 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     gpus.claim(out, &store)?;
     let mut loaded = req.planner.load(req.seed)?;
     let gpu = gpus.any();
-    let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false);
+    // Ctrl-C stops between rounds: every step finished is kept, the
+    // episode in flight is left unfinished (run again to resume).
+    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let mut judge =
+        ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false).stopping_on(&stop);
     let name = if req.beyond.kinds.is_empty() {
         loaded.planner.name()
     } else {
@@ -2169,16 +2243,29 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     };
     let mut log = Vec::new();
     let mut changed = 0;
-    for ((p, n), traced) in work.iter().zip(graphs) {
+    // Where a signal stopped the run: the episode, and the episodes after
+    // it not started.
+    let mut stopped: Option<(String, usize)> = None;
+    let mut started = 0;
+    'problems: for ((p, n), traced) in work.iter().zip(graphs) {
         let g = match traced.graph {
             Ok(g) => g,
             Err(e) => {
                 bar.suspend(|| writeln!(out, "{}: no graph ({e}); skipped", p.full_name()))?;
                 bar.inc(*n as u64);
+                started += n;
                 continue;
             }
         };
         for k in 0..*n {
+            if stop.requested() {
+                stopped = Some((
+                    format!("before {} episode {}", p.full_name(), k + 1),
+                    total - started - 1,
+                ));
+                break 'problems;
+            }
+            started += 1;
             bar.set_message(format!("{} episode {}", p.full_name(), k + 1));
             log.clear();
             let seed = req.seed.wrapping_add(k as u64);
@@ -2230,9 +2317,15 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
             match r {
                 Ok(r) => bar.suspend(|| {
                     changed += r.changed;
+                    if r.interrupted {
+                        stopped = Some((
+                            format!("in {} episode {}", p.full_name(), k + 1),
+                            total - started,
+                        ));
+                    }
                     writeln!(
                         out,
-                        "{}: episode {}: best {:.3}x in {} evaluation(s){}",
+                        "{}: episode {}: best {:.3}x in {} evaluation(s){}{}",
                         p.full_name(),
                         k + 1,
                         r.best,
@@ -2241,6 +2334,11 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
                             format!(", {} of them recorded programs judged again", r.changed)
                         } else {
                             String::new()
+                        },
+                        if r.interrupted {
+                            "; interrupted: its steps are kept, the episode is left unfinished"
+                        } else {
+                            ""
                         }
                     )
                 })?,
@@ -2249,6 +2347,9 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
                 }
             }
             bar.inc(1);
+            if stopped.is_some() {
+                break 'problems;
+            }
         }
     }
     bar.finish_and_clear();
@@ -2264,7 +2365,14 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         req.store.display(),
         store.steps()?.len()
     )?;
-    Ok(())
+    match stopped {
+        Some((at, left)) => Err(Interrupted(format!(
+            "stopped {at}{}; every finished step is kept: run again to resume",
+            counted(left, |n| format!(", {n} episode(s) after it not started"))
+        ))
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// What `mtmc train` was asked to do.
@@ -3261,7 +3369,10 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
             "no GPU: every program is judged by compile only (nothing is run or timed)"
         )?;
     }
-    let mut judge = ProblemJudge::new(gpu, req.timeout, true, false);
+    // Ctrl-C stops the search between rounds: the best program so far is
+    // written, the round in flight is not kept.
+    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let mut judge = ProblemJudge::new(gpu, req.timeout, true, false).stopping_on(&stop);
     let mut loaded = req.planner.load(req.seed)?.policy_stops(req.policy_stops);
     let mut store = req.store.map(Store::open).transpose()?;
     if let Some(s) = &store {
@@ -3283,27 +3394,54 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
         Some(req.out_dir),
         req.seed,
     )?;
+    let report = req.out_dir.join("report.json");
+    if r.interrupted {
+        add_to_report(&report, "interrupted", serde_json::json!(true))?;
+        let spent = format!(
+            "after {} of {} evaluation(s)",
+            r.evaluations, req.settings.budget
+        );
+        return Err(Interrupted(if r.wrote {
+            format!(
+                "stopped {spent}; the best program so far ({}) is in {}",
+                match r.best {
+                    b if b > 0.0 => format!("{b:.3}x"),
+                    _ => "compiled only: nothing was timed".into(),
+                },
+                req.out_dir.display()
+            )
+        } else {
+            format!(
+                "stopped {spent}, before any program was correct; the attempts are in {}",
+                report.display()
+            )
+        })
+        .into());
+    }
     if !r.wrote {
         bail!(
             "no program was correct in {} evaluation(s); the attempts are in {}",
             r.evaluations,
-            req.out_dir.join("report.json").display()
+            report.display()
         );
     }
     if let Some(again) = r.rejudged {
-        add_rejudged(&req.out_dir.join("report.json"), r.best, again)?;
+        add_to_report(
+            &report,
+            "best_speedup",
+            serde_json::json!({ "found": r.best, "judged_again": again }),
+        )?;
     }
     Ok(())
 }
 
-/// Adds to the search's report the best program's speedup as found and as
-/// judged once more.
-fn add_rejudged(path: &Path, found: f64, again: f64) -> Result<()> {
+/// Sets `key` of the search's report to `value`.
+fn add_to_report(path: &Path, key: &str, value: serde_json::Value) -> Result<()> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read `{}`", path.display()))?;
     let mut report: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("`{}` is not the report JSON", path.display()))?;
-    report["best_speedup"] = serde_json::json!({ "found": found, "judged_again": again });
+    report[key] = value;
     std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("cannot write `{}`", path.display()))
 }
@@ -3329,7 +3467,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("report.json");
         std::fs::write(&path, r#"{"subject": "L2/97", "attempts": [1, 2]}"#).unwrap();
-        add_rejudged(&path, 1.31, 1.18).unwrap();
+        let best = serde_json::json!({"found": 1.31, "judged_again": 1.18});
+        add_to_report(&path, "best_speedup", best).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(v["subject"], "L2/97");
@@ -3339,7 +3478,7 @@ mod tests {
             serde_json::json!({"found": 1.31, "judged_again": 1.18})
         );
         std::fs::write(&path, "not json").unwrap();
-        let err = add_rejudged(&path, 1.0, 1.0).unwrap_err();
+        let err = add_to_report(&path, "interrupted", serde_json::json!(true)).unwrap_err();
         assert!(
             format!("{err:#}").contains("is not the report JSON"),
             "{err:#}"
