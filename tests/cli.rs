@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{mtmc, python3_has_torch, read_json, shared_jsonl, shared_problem_code};
+use common::{interrupted, mtmc, python3_has_torch, read_json, shared_jsonl, shared_problem_code};
 
 #[test]
 fn problems_lists_the_200_shared_problems_from_the_jsonl() {
@@ -683,6 +683,39 @@ fn optimize_writes_a_program_for_a_pointwise_intent_or_says_what_it_lacks() {
         "{}",
         out.error
     );
+}
+
+#[test]
+fn optimize_stopped_by_ctrl_c_writes_the_best_variant_so_far() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let (kb, out_s) = (shared_jsonl(), out_dir.to_string_lossy());
+    let args = ["--kernelbench", &kb, "optimize", "L2/76", "--out", &out_s];
+    // Ctrl-C once the first of its six variants is judged.
+    let (stdout, stderr) = interrupted(&args, |l| l.starts_with("  block="));
+    let judged = stdout
+        .lines()
+        .filter(|l| l.ends_with(": compiled, not run"))
+        .count();
+    // The variant in flight, if any, is not kept.
+    let cut = stdout.matches(": interrupted, not kept").count();
+    assert!(judged >= 1 && judged + cut < 6 && cut <= 1, "{stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "interrupted: stopped after {judged} variant(s) judged; the best program so far is in {out_s}"
+        )),
+        "{stderr}"
+    );
+    assert!(out_dir.join("model_new.py").is_file());
+    let report = read_json(&out_dir.join("report.json"));
+    assert_eq!(report["interrupted"], true);
+    assert_eq!(report["attempts"].as_array().unwrap().len(), judged);
+    // Uninterrupted, the report does not say so.
+    mtmc(&args).success();
+    assert!(read_json(&out_dir.join("report.json"))["interrupted"].is_null());
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Output, Run, mtmc, read_json, shared_jsonl, walk};
+use common::{Output, Run, interrupted, mtmc, read_json, shared_jsonl, walk};
 
 /// `mtmc explore` of L2/76 (a GEMM and a pointwise region) and L1/24 (a
 /// softmax row) into `store`: `episodes` of `planner` each, at budget 6.
@@ -1794,46 +1794,6 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
             run.stderr
         );
     }
-}
-
-/// Runs mtmc with `args` and sends it SIGINT once it printed a line that
-/// `until` accepts; expects it to stop with status 130 and an
-/// `interrupted:` line. Returns its stdout and stderr.
-fn interrupted(args: &[&str], until: impl Fn(&str) -> bool) -> (String, String) {
-    use std::io::{BufRead, Read};
-    let mut child = mtmc(args).spawn();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut stdout = String::new();
-    loop {
-        let mut line = String::new();
-        let n = out.read_line(&mut line).unwrap();
-        assert!(n > 0, "it ended before the line awaited:\n{stdout}");
-        stdout.push_str(&line);
-        if until(line.trim_end()) {
-            break;
-        }
-    }
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    out.read_to_string(&mut stdout).unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let status = child.wait().unwrap();
-    // It stops with 128 + SIGINT, not killed by the signal, and says where.
-    assert_eq!(status.code(), Some(130), "{stdout}\n{stderr}");
-    assert!(
-        stderr.contains("interrupted: stopped ") && !stderr.contains("panicked"),
-        "{stderr}"
-    );
-    (stdout, stderr)
 }
 
 #[test]

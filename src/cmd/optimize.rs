@@ -30,7 +30,7 @@ use mtmc_env::worker::Protocol;
 
 use crate::cmd::bench::Target;
 use crate::cmd::show::Subject;
-use crate::interrupt::Interrupt;
+use crate::interrupt::{Interrupt, Interrupted};
 
 /// What `mtmc optimize` was asked to do.
 pub struct Request<'a> {
@@ -169,6 +169,14 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let specs = builtin_devices();
+    // Ctrl-C stops the template coder's search between variants: the best
+    // program so far is written, the variant in flight is not kept. (The
+    // LLM coder's steps are not stopped so: a signal ends them.)
+    let stop = match req.coder {
+        Coder::Template => Some(Interrupt::catch().context("catching Ctrl-C")?),
+        Coder::Llm(_) => None,
+    };
+    let stopped = || stop.as_ref().is_some_and(Interrupt::requested);
     match &req.subject {
         Subject::Intent { text, bindings, .. } => {
             if req.target == Target::Triton {
@@ -225,8 +233,18 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             };
             let found = match llm {
                 Some(l) => llm_search(out, &g, &regions, l, true, judge)?,
-                None => search(out, &g, &regions, &variants, Target::Cuda, true, judge)?,
+                None => search(
+                    out,
+                    &g,
+                    &regions,
+                    &variants,
+                    Target::Cuda,
+                    true,
+                    &stopped,
+                    judge,
+                )?,
             };
+            let (judged, interrupted) = (found.judged, found.interrupted);
             let wrote = conclude(out, req.out_dir, text, found, &g, |program| {
                 let cuda = to_cuda_program(&g, program).map_err(anyhow::Error::msg)?;
                 write(req.out_dir, "program.cu", &cuda.source)?;
@@ -237,6 +255,9 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 )?;
                 Ok("program.json, program.cu")
             })?;
+            if interrupted {
+                return Err(stopped_search(judged, wrote, req.out_dir).into());
+            }
             if !wrote {
                 bail!(
                     "no variant was correct; the attempts are in {}",
@@ -253,6 +274,9 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
             let mut judge = ProblemJudge::new(gpu, req.timeout, true, req.strict);
+            if let Some(s) = &stop {
+                judge = judge.stopping_on(s);
+            }
             let summary = match &req.coder {
                 Coder::Template => {
                     optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?
@@ -271,6 +295,10 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                     optimize_problem_llm(out, p, &g, &mut judge, req.out_dir, l)?
                 }
             };
+            if summary.interrupted {
+                let wrote = summary.best.is_some();
+                return Err(stopped_search(summary.judged, wrote, req.out_dir).into());
+            }
             if summary.best.is_none() {
                 bail!(
                     "no variant was correct; the attempts are in {}",
@@ -398,6 +426,9 @@ pub struct Summary {
     pub best: Option<Outcome>,
     /// The best variant's parameters.
     pub params: Option<Params>,
+    /// Whether a signal stopped the search (the judge's stop): the best
+    /// so far is written, the variant in flight not kept.
+    pub interrupted: bool,
 }
 
 /// Optimizes one KernelBench problem: every variant built, judged and
@@ -440,14 +471,17 @@ pub fn optimize_problem(
         correct: 0,
         best: None,
         params: None,
+        interrupted: false,
     };
+    let stop = judge.stop.clone();
+    let stopped = || stop.as_ref().is_some_and(Interrupt::requested);
     let mut attempts = Vec::new();
     let mut best: Option<(f64, Program, Params, Outcome, usize)> = None;
     let mut not_covered = None;
     let strict = judge.strict;
     // Fallbacks join the list as it is walked.
     let mut next = 0;
-    while next < graphs.len() {
+    while next < graphs.len() && !summary.interrupted {
         let k = next;
         next += 1;
         let (graph, rewrites) = (&graphs[k].graph, graphs[k].rewrites());
@@ -518,8 +552,10 @@ pub fn optimize_problem(
             variants,
             target,
             strict,
+            &stopped,
             |program, label| judge_program(judge, &problem, graph, &p.code, program, label, &specs),
         )?;
+        summary.interrupted |= found.interrupted;
         summary.judged += found.judged;
         summary.correct += found.correct;
         summary.variants += variants.len();
@@ -551,7 +587,7 @@ pub fn optimize_problem(
     // When no kernel program is correct (or none can be written), every op
     // stays a torch call: the call-library action over the whole graph,
     // reported as a program with no kernel. Not in strict mode.
-    if best.is_none() && !strict {
+    if best.is_none() && !strict && !summary.interrupted {
         match mtmc_coder::export::to_model_new(g, &Program::default(), &p.code) {
             Ok(_) => {
                 // No regions: the one program is the graph as torch calls.
@@ -562,11 +598,13 @@ pub fn optimize_problem(
                     &VARIANTS[..1],
                     target,
                     false,
+                    &stopped,
                     |program, label| {
                         judge_program(judge, &problem, g, &p.code, program, label, &specs)
                     },
                 )?;
                 summary.variants += 1;
+                summary.interrupted |= found.interrupted;
                 summary.judged += found.judged;
                 summary.correct += found.correct;
                 for mut a in found.attempts {
@@ -585,7 +623,7 @@ pub fn optimize_problem(
             )?,
         }
     }
-    if summary.variants == 0 {
+    if summary.variants == 0 && !summary.interrupted {
         return Err(not_covered.expect("a graph failed"));
     }
     let chosen = best.as_ref().map_or(0, |b| b.4);
@@ -598,6 +636,7 @@ pub fn optimize_problem(
         judged: summary.judged,
         correct: summary.correct,
         best: best.map(|(ms, program, params, o, _)| (ms, program, params, o)),
+        interrupted: summary.interrupted,
     };
     let chosen = &graphs[chosen];
     conclude(
@@ -617,6 +656,22 @@ pub fn optimize_problem(
         },
     )?;
     Ok(summary)
+}
+
+/// What `optimize` says when a signal stopped its search after `judged`
+/// variants were judged, and whether it `wrote` a best program.
+fn stopped_search(judged: usize, wrote: bool, out_dir: &Path) -> Interrupted {
+    Interrupted(if wrote {
+        format!(
+            "stopped after {judged} variant(s) judged; the best program so far is in {}",
+            out_dir.display()
+        )
+    } else {
+        format!(
+            "stopped after {judged} variant(s) judged, before any was correct; the attempts are in {}",
+            out_dir.join("report.json").display()
+        )
+    })
 }
 
 /// A graph the search judges: the traced one (nothing applied), or the
@@ -811,9 +866,15 @@ pub(crate) struct Found {
     pub(crate) judged: usize,
     pub(crate) correct: usize,
     pub(crate) best: Option<(f64, Program, Params, Outcome)>,
+    /// Whether a signal stopped the search before its end (the report
+    /// says so).
+    pub(crate) interrupted: bool,
 }
 
-/// Builds each variant and judges it with `judge`, printing a line each.
+/// Builds each variant and judges it with `judge`, printing a line each;
+/// once `stopped` says so it judges no more and keeps nothing of the
+/// variant in flight (`Found::interrupted`).
+#[allow(clippy::too_many_arguments)]
 fn search(
     out: &mut dyn std::io::Write,
     g: &OpGraph,
@@ -821,6 +882,7 @@ fn search(
     variants: &[Variant],
     target: Target,
     strict: bool,
+    stopped: &dyn Fn() -> bool,
     mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
     let mut found = Found::default();
@@ -831,6 +893,10 @@ fn search(
     // Whether a judged outcome found the reference TF32-rounded.
     let mut tf32_reference = false;
     for &Variant { params, fuse, gemm } in variants {
+        if stopped() {
+            found.interrupted = true;
+            break;
+        }
         // The GEMM variant after the library ones computes products anew:
         // it is tried even when those were wrong, and its verdict says
         // nothing of them.
@@ -897,7 +963,15 @@ fn search(
             )?;
             continue;
         }
-        let o = judge(&program, &label)?;
+        let o = judge(&program, &label);
+        if stopped() {
+            // The signal reaches the judging processes too: this outcome
+            // may be their end, not the program's.
+            writeln!(out, "  {label}: interrupted, not kept")?;
+            found.interrupted = true;
+            break;
+        }
+        let o = o?;
         tf32_reference |= o.reference_tf32;
         found.judged += 1;
         found.correct += usize::from(o.status == Status::Correct);
@@ -978,11 +1052,14 @@ pub(crate) fn conclude(
         .as_ref()
         .map(|b| library_ops(g, &b.1))
         .unwrap_or_default();
-    let report = serde_json::json!({
+    let mut report = serde_json::json!({
         "subject": subject,
         "library_calls": library,
         "attempts": found.attempts,
     });
+    if found.interrupted {
+        report["interrupted"] = true.into();
+    }
     write(
         out_dir,
         "report.json",
@@ -1414,6 +1491,7 @@ pub fn optimize_problem_llm(
         correct: found.correct,
         best: found.best.as_ref().map(|b| b.3.clone()),
         params: found.best.as_ref().map(|b| b.2),
+        interrupted: false,
     };
     conclude(out, out_dir, &p.full_name(), found, g, |program| {
         write_model_new(out_dir, g, program, &p.code, false)

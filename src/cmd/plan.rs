@@ -717,6 +717,7 @@ pub fn plan_problem(
         )?;
     }
     let rewritten = rewritten_of(&j.rewritten, j.best_graph);
+    j.found.interrupted = interrupted;
     let wrote = match out_dir {
         Some(dir) => {
             let graph = rewritten.map_or(g, |r| &r.graph);
@@ -3396,7 +3397,6 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
     )?;
     let report = req.out_dir.join("report.json");
     if r.interrupted {
-        add_to_report(&report, "interrupted", serde_json::json!(true))?;
         let spent = format!(
             "after {} of {} evaluation(s)",
             r.evaluations, req.settings.budget
