@@ -321,8 +321,9 @@ pub struct ProblemJudge {
     pub(crate) strict: bool,
     runtime: tokio::runtime::Runtime,
     pool: WorkerPool,
-    /// A stop asked for by a signal: a planned search reads it between
-    /// rounds and keeps nothing of the round it stopped in.
+    /// A stop asked for by a signal: the searches read it between rounds
+    /// (a planner's) or variants (the template coder's) and keep nothing
+    /// of the one it came during.
     stop: Option<Interrupt>,
 }
 
@@ -371,7 +372,7 @@ impl ProblemJudge {
         }
     }
 
-    /// The judge, stopping the planned searches it judges for on `stop`.
+    /// The judge, stopping the searches it judges for on `stop`.
     pub fn stopping_on(mut self, stop: &Interrupt) -> ProblemJudge {
         self.stop = Some(stop.clone());
         self
