@@ -1266,7 +1266,7 @@ pub fn enumerate_problem(
     )]);
     let mut queued: std::collections::BTreeSet<String> = ["library".to_string()].into();
     let mut bests = Vec::new();
-    let mut interrupted = j.judge.stop_requested();
+    let mut interrupted = false;
     while e.step < budget && !queue.is_empty() && !interrupted {
         // Up to one program per worker, in breadth-first order.
         let take = j.judge.in_flight().min(budget - e.step).min(queue.len());
@@ -1383,8 +1383,8 @@ const NAMED: usize = 5;
 /// one (a coder change since it was judged) it is judged again, and its
 /// new outcome replaces the recorded one in the store's evaluations. No
 /// episode or step is recorded: the steps keep what their episodes saw.
-/// Once `stop` is requested it judges no further round, and keeps nothing
-/// of the round in flight (`judge` stops on the same signal).
+/// Once the judge's stop is asked for it judges no further round, and
+/// keeps nothing of the round in flight.
 pub fn rejudge_problem(
     p: &mtmc_actions::problem::Problem,
     g: &OpGraph,
@@ -1392,7 +1392,6 @@ pub fn rejudge_problem(
     store: &mut Store,
     bar: &ProgressBar,
     req: &RejudgeRequest<'_>,
-    stop: &Interrupt,
 ) -> Result<Rejudged> {
     let (dry_run, failed) = (req.dry_run, req.failed);
     let mut j = Judging::new(p, g, judge)?;
@@ -1428,7 +1427,7 @@ pub fn rejudge_problem(
         // What a rejudge would judge: the programs whose code changed and,
         // on a GPU, those recorded where no GPU timed them.
         for c in &walk {
-            if stop.requested() {
+            if j.judge.stop_requested() {
                 out.interrupted = true;
                 break;
             }
@@ -1447,10 +1446,6 @@ pub fn rejudge_problem(
     }
     let per = j.judge.in_flight().max(1);
     for round in walk.chunks(per) {
-        if stop.requested() {
-            out.interrupted = true;
-            break;
-        }
         let asked: Vec<(Move, Config, String)> = round
             .iter()
             .map(|c| (Move::Stop, c.clone(), c.key()))
@@ -1623,7 +1618,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
                 continue;
             }
         };
-        match rejudge_problem(p, &g, &mut judge, &mut store, &bar, &req, &stop) {
+        match rejudge_problem(p, &g, &mut judge, &mut store, &bar, &req) {
             Ok(r) => {
                 judged += r.judged;
                 kept += r.kept;
@@ -1829,7 +1824,7 @@ pub fn extend_problem(
         .fold(0.0, f64::max);
     let mut bests = Vec::new();
     let mut done = 0;
-    let mut interrupted = j.judge.stop_requested();
+    let mut interrupted = false;
     while done < candidates.len() && !interrupted {
         let take = j.judge.in_flight().min(candidates.len() - done);
         let round = &candidates[done..done + take];
