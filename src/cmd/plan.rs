@@ -3421,22 +3421,19 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
         );
     }
     if let Some(again) = r.rejudged {
-        add_to_report(
-            &report,
-            "best_speedup",
-            serde_json::json!({ "found": r.best, "judged_again": again }),
-        )?;
+        add_rejudged(&report, r.best, again)?;
     }
     Ok(())
 }
 
-/// Sets `key` of the search's report to `value`.
-fn add_to_report(path: &Path, key: &str, value: serde_json::Value) -> Result<()> {
+/// Adds to the search's report the best program's speedup as found and as
+/// judged once more.
+fn add_rejudged(path: &Path, found: f64, again: f64) -> Result<()> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read `{}`", path.display()))?;
     let mut report: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("`{}` is not the report JSON", path.display()))?;
-    report[key] = value;
+    report["best_speedup"] = serde_json::json!({ "found": found, "judged_again": again });
     std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
         .with_context(|| format!("cannot write `{}`", path.display()))
 }
@@ -3462,8 +3459,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("report.json");
         std::fs::write(&path, r#"{"subject": "L2/97", "attempts": [1, 2]}"#).unwrap();
-        let best = serde_json::json!({"found": 1.31, "judged_again": 1.18});
-        add_to_report(&path, "best_speedup", best).unwrap();
+        add_rejudged(&path, 1.31, 1.18).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(v["subject"], "L2/97");
@@ -3473,7 +3469,7 @@ mod tests {
             serde_json::json!({"found": 1.31, "judged_again": 1.18})
         );
         std::fs::write(&path, "not json").unwrap();
-        let err = add_to_report(&path, "interrupted", serde_json::json!(true)).unwrap_err();
+        let err = add_rejudged(&path, 1.0, 1.0).unwrap_err();
         assert!(
             format!("{err:#}").contains("is not the report JSON"),
             "{err:#}"
