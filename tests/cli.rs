@@ -3,7 +3,10 @@
 
 mod common;
 
-use common::{interrupted, mtmc, python3_has_torch, read_json, shared_jsonl, shared_problem_code};
+use common::{
+    interrupted, interrupted_report, mtmc, python3_has_torch, read_json, shared_jsonl,
+    shared_problem_code,
+};
 
 #[test]
 fn problems_lists_the_200_shared_problems_from_the_jsonl() {
@@ -710,9 +713,7 @@ fn optimize_stopped_by_ctrl_c_writes_the_best_variant_so_far() {
         "{stderr}"
     );
     assert!(out_dir.join("model_new.py").is_file());
-    let report = read_json(&out_dir.join("report.json"));
-    assert_eq!(report["interrupted"], true);
-    assert_eq!(report["attempts"].as_array().unwrap().len(), judged);
+    assert_eq!(interrupted_report(&out_dir).len(), judged);
     // Uninterrupted, the report does not say so.
     mtmc(&args).success();
     assert!(read_json(&out_dir.join("report.json"))["interrupted"].is_null());
@@ -773,6 +774,65 @@ fn optimize_exports_a_model_new_python_can_parse_for_level_1_and_2_problems() {
         "{}",
         out.stdout
     );
+}
+
+#[test]
+fn bench_stopped_by_ctrl_c_keeps_every_finished_problem_and_resumes() {
+    if !nvrtc_expected() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("bench");
+    let kb = shared_jsonl();
+    let names = ["L1/19", "L1/20", "L1/21", "L1/22", "L1/24"];
+    let mut args = vec!["bench"];
+    args.extend(names);
+    args.extend(["--kernelbench", &kb, "--out", out_dir.to_str().unwrap()]);
+    let (stdout, stderr) = interrupted(&args, |l| l.starts_with("L1/19_ReLU "));
+    // Each finished problem has its line, in the file and on the screen;
+    // the one in flight has neither.
+    let printed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("L1/") && !l.ends_with(": interrupted, not kept"))
+        .collect();
+    let results = std::fs::read_to_string(out_dir.join("results.jsonl")).unwrap();
+    let kept = results.lines().count();
+    assert!((1..names.len()).contains(&kept), "{stdout}");
+    assert_eq!(printed.len(), kept, "{stdout}\n{results}");
+    for (line, record) in printed.iter().zip(results.lines()) {
+        let record: serde_json::Value = serde_json::from_str(record).unwrap();
+        let name = record["problem"].as_str().unwrap();
+        assert!(line.starts_with(&format!("{name} ")), "{line} / {name}");
+    }
+    if let Some(cut) = stdout
+        .lines()
+        .find(|l| l.ends_with(": interrupted, not kept"))
+    {
+        assert!(
+            !results.contains(cut.split(':').next().unwrap()),
+            "{results}"
+        );
+    }
+    assert!(
+        stderr.contains(&format!(
+            "interrupted: stopped after {kept} of the 5 problem(s) to run; every finished problem is in {}",
+            out_dir.join("results.jsonl").display()
+        )),
+        "{stderr}"
+    );
+    let bench = read_json(&out_dir.join("bench.json"));
+    assert_eq!(bench["problems"].as_array().unwrap().len(), kept, "{bench}");
+    // Run again, it runs only what was left.
+    let again = mtmc(&args).success();
+    assert!(
+        again
+            .stdout
+            .contains(&format!("5 problem(s), {kept} already done")),
+        "{}",
+        again.stdout
+    );
+    let results = std::fs::read_to_string(out_dir.join("results.jsonl")).unwrap();
+    assert_eq!(results.lines().count(), names.len(), "{results}");
 }
 
 #[test]

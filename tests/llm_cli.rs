@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{mtmc, read_json, shared_jsonl, walk};
+use common::{interrupted_report, interrupted_run, mtmc, read_json, shared_jsonl, walk};
 use mtmc_llm::replay::{Server, Step};
 use mtmc_llm::{Provider, Store};
 
@@ -135,6 +135,96 @@ fn optimize_with_the_llm_coder_runs_end_to_end_and_replays_offline() {
         .map(|c| c.status)
         .collect();
     assert_eq!(statuses, ["ok", "cached"]);
+}
+
+#[test]
+fn the_llm_coder_stopped_by_ctrl_c_keeps_its_attempts_and_the_reply_in_flight() {
+    // Step 1's kernel lacks a semicolon; step 2, the repair, comes slowly
+    // enough for the signal to arrive while its call is in flight.
+    let good = reply("l1_19_relu.md");
+    let broken = good.replacen("v.x = fmaxf(v.x, 0.f);", "v.x = fmaxf(v.x, 0.f)", 1);
+    assert_ne!(broken, good);
+    let server = Server::start(
+        0,
+        vec![
+            Step::text(Provider::Openai, &broken),
+            Step::text(Provider::Openai, &good).after(std::time::Duration::from_secs(2)),
+        ],
+        None,
+        "replay",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store.sqlite");
+    let out_dir = dir.path().join("out");
+    let (kb, url) = (shared_jsonl(), server.url());
+    let args = [
+        "optimize",
+        "L1/19",
+        "--kernelbench",
+        &kb,
+        "--coder",
+        "llm",
+        "--base-url",
+        &url,
+        "--model",
+        "replay",
+        "--store",
+        store.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let run = mtmc(&args).env("OPENAI_API_KEY", KEY);
+    let (stdout, stderr) = interrupted_run(run, |l| {
+        if !l.starts_with("  step 1: ") {
+            return false;
+        }
+        while server.requests().len() < 2 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        true
+    });
+    assert!(
+        stdout.contains("  step 1: CustomKernel [1]: does not compile, rolled back"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  step 2: FixCompile [1]: interrupted, not kept"),
+        "{stdout}"
+    );
+    // Nothing after the signal: no torch-calls fallback either.
+    assert!(!stdout.contains("call-library"), "{stdout}");
+    assert!(stdout.contains("llm: 2 call(s)"), "{stdout}");
+    let report_path = out_dir.join("report.json");
+    assert!(
+        stderr.contains(&format!(
+            "interrupted: stopped after 0 step(s) judged, before any was correct; the attempts are in {}",
+            report_path.display()
+        )),
+        "{stderr}"
+    );
+    let attempts = interrupted_report(&out_dir);
+    assert_eq!(attempts[0]["step"], 1, "{attempts:?}");
+    assert_eq!(attempts[0]["failure"]["stage"], "compile", "{attempts:?}");
+    assert!(!out_dir.join("model_new.py").exists());
+    // Run again, both replies come from the store: the one that arrived
+    // after the signal was kept, and the endpoint is asked nothing more.
+    let again = mtmc(&args).env("OPENAI_API_KEY", KEY).success();
+    assert!(
+        again.stdout.contains("2 from the cache"),
+        "{}",
+        again.stdout
+    );
+    assert!(
+        again
+            .stdout
+            .contains("  step 2: FixCompile [1]: compiled, not run (no GPU)"),
+        "{}",
+        again.stdout
+    );
+    assert!(out_dir.join("model_new.py").is_file());
+    assert_eq!(server.requests().len(), 2);
+    no_key_in(dir.path(), &[&stdout, &stderr, &again.stdout]);
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //!
 //! Every finished problem is appended to `DIR/results.jsonl` at once, so a
 //! run stopped by Ctrl-C (or a crash) keeps what it finished and the next
-//! run with the same `--out` starts where it stopped. `DIR/bench.json`
+//! run with the same `--out` starts where it stopped. Ctrl-C stops it
+//! between two variants of a problem, keeping nothing of that problem, and
+//! the summary of the finished ones is still written. `DIR/bench.json`
 //! holds the summary and every problem's record; each problem's generated
 //! code, report and log are in `DIR/L<level>_<name>/`.
 //!
@@ -315,12 +317,24 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     } else {
         None
     };
-    let mut judge = ProblemJudge::new(gpu, req.timeout, false, req.strict);
+    // From here Ctrl-C stops the run between two variants: the problem in
+    // flight is not kept (its folder is written again by the next run).
+    let stop = crate::interrupt::Interrupt::catch().context("catching Ctrl-C")?;
+    let mut judge = ProblemJudge::new(gpu, req.timeout, false, req.strict).stopping_on(&stop);
     let mut results = super::open_to_append(&results_path)?;
     let bar = crate::fmt::progress_bar(todo.len() as u64);
+    let mut finished = 0;
     for p in &todo {
+        if stop.requested() {
+            break;
+        }
         bar.set_message(p.full_name());
         let record = bench_one(&problems, p, &mut judge, req.out_dir, req.target);
+        if stop.requested() {
+            bar.suspend(|| writeln!(out, "{p}: interrupted, not kept"))?;
+            break;
+        }
+        finished += 1;
         let line = bench_line(&record);
         bar.suspend(|| writeln!(out, "{line}"))?;
         writeln!(results, "{}", serde_json::to_string(&record)?)
@@ -403,6 +417,14 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         }
     }
     writeln!(out, "\nwrote {}", bench_json.display())?;
+    if finished < todo.len() {
+        return Err(crate::interrupt::Interrupted(format!(
+            "stopped after {finished} of the {} problem(s) to run; every finished problem is in {} and in the table above: run the same command again to resume",
+            todo.len(),
+            results_path.display()
+        ))
+        .into());
+    }
     Ok(())
 }
 

@@ -169,14 +169,11 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let specs = builtin_devices();
-    // Ctrl-C stops the template coder's search between variants: the best
-    // program so far is written, the variant in flight is not kept. (The
-    // LLM coder's steps are not stopped so: a signal ends them.)
-    let stop = match req.coder {
-        Coder::Template => Some(Interrupt::catch().context("catching Ctrl-C")?),
-        Coder::Llm(_) => None,
-    };
-    let stopped = || stop.as_ref().is_some_and(Interrupt::requested);
+    // Ctrl-C stops the search between variants (the template coder's) or
+    // steps (the LLM coder's): the best program so far is written, the
+    // one in flight is not kept.
+    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let stopped = || stop.requested();
     match &req.subject {
         Subject::Intent { text, bindings, .. } => {
             if req.target == Target::Triton {
@@ -232,7 +229,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 Ok(o)
             };
             let found = match llm {
-                Some(l) => llm_search(out, &g, &regions, l, true, judge)?,
+                Some(l) => llm_search(out, &g, &regions, l, true, &stopped, judge)?,
                 None => search(
                     out,
                     &g,
@@ -256,7 +253,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 Ok("program.json, program.cu")
             })?;
             if interrupted {
-                return Err(stopped_search(judged, wrote, req.out_dir).into());
+                return Err(stopped_search(judged, &req.coder, wrote, req.out_dir).into());
             }
             if !wrote {
                 bail!(
@@ -273,10 +270,8 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             let g = traced
                 .graph
                 .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
-            let mut judge = ProblemJudge::new(gpu, req.timeout, true, req.strict);
-            if let Some(s) = &stop {
-                judge = judge.stopping_on(s);
-            }
+            let mut judge =
+                ProblemJudge::new(gpu, req.timeout, true, req.strict).stopping_on(&stop);
             let summary = match &req.coder {
                 Coder::Template => {
                     optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?
@@ -297,7 +292,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             };
             if summary.interrupted {
                 let wrote = summary.best.is_some();
-                return Err(stopped_search(summary.judged, wrote, req.out_dir).into());
+                return Err(stopped_search(summary.judged, &req.coder, wrote, req.out_dir).into());
             }
             if summary.best.is_none() {
                 bail!(
@@ -381,6 +376,13 @@ impl ProblemJudge {
     /// Whether a stop was asked for.
     pub(crate) fn stop_requested(&self) -> bool {
         self.stop.as_ref().is_some_and(Interrupt::requested)
+    }
+
+    /// Whether a stop was asked for, read apart from the judge (for a
+    /// search that lends the judge to its judging closure).
+    pub(crate) fn stop_flag(&self) -> impl Fn() -> bool + 'static {
+        let stop = self.stop.clone();
+        move || stop.as_ref().is_some_and(Interrupt::requested)
     }
 
     /// Judges one candidate of `problem`: the Python program `code`
@@ -474,8 +476,7 @@ pub fn optimize_problem(
         params: None,
         interrupted: false,
     };
-    let stop = judge.stop.clone();
-    let stopped = || stop.as_ref().is_some_and(Interrupt::requested);
+    let stopped = judge.stop_flag();
     let mut attempts = Vec::new();
     let mut best: Option<(f64, Program, Params, Outcome, usize)> = None;
     let mut not_covered = None;
@@ -660,16 +661,21 @@ pub fn optimize_problem(
 }
 
 /// What `optimize` says when a signal stopped its search after `judged`
-/// variants were judged, and whether it `wrote` a best program.
-fn stopped_search(judged: usize, wrote: bool, out_dir: &Path) -> Interrupted {
+/// programs were judged (the template coder's variants, the LLM coder's
+/// steps: `coder`), and whether it `wrote` a best program.
+fn stopped_search(judged: usize, coder: &Coder, wrote: bool, out_dir: &Path) -> Interrupted {
+    let what = match coder {
+        Coder::Template => "variant",
+        Coder::Llm(_) => "step",
+    };
     Interrupted(if wrote {
         format!(
-            "stopped after {judged} variant(s) judged; the best program so far is in {}",
+            "stopped after {judged} {what}(s) judged; the best program so far is in {}",
             out_dir.display()
         )
     } else {
         format!(
-            "stopped after {judged} variant(s) judged, before any was correct; the attempts are in {}",
+            "stopped after {judged} {what}(s) judged, before any was correct; the attempts are in {}",
             out_dir.join("report.json").display()
         )
     })
@@ -1452,10 +1458,11 @@ pub fn optimize_problem_llm(
             "judged by compile only (no GPU: nothing is run or timed)"
         }
     )?;
-    let mut found = llm_search(out, g, &regions, llm, false, |program, label| {
+    let stopped = judge.stop_flag();
+    let mut found = llm_search(out, g, &regions, llm, false, &stopped, |program, label| {
         judge_program(judge, &problem, g, &p.code, program, label, &specs)
     })?;
-    if found.best.is_none() {
+    if found.best.is_none() && !found.interrupted {
         // No kernel program was correct: every op a torch call.
         let o = judge_program(
             judge,
@@ -1492,7 +1499,7 @@ pub fn optimize_problem_llm(
         correct: found.correct,
         best: found.best.as_ref().map(|b| b.3.clone()),
         params: found.best.as_ref().map(|b| b.2),
-        interrupted: false,
+        interrupted: found.interrupted,
     };
     conclude(out, out_dir, &p.full_name(), found, g, |program| {
         write_model_new(out_dir, g, program, &p.code, false)
@@ -1508,13 +1515,18 @@ pub fn optimize_problem_llm(
 /// (with `whole`, only once every region has a kernel: a program judged
 /// natively has no torch to fall back on) and the critique of its outcome
 /// goes back to the coder with the best program so far. A coder that halts
-/// (the endpoint is down) ends the search with what it found.
+/// (the endpoint is down) ends the search with what it found; so does
+/// `stopped` (a signal), between two steps, keeping nothing of the step in
+/// flight (`Found::interrupted`). The reply of that step's call is in the
+/// LLM store all the same, so that running the search again reuses it.
+#[allow(clippy::too_many_arguments)]
 fn llm_search(
     out: &mut dyn std::io::Write,
     g: &OpGraph,
     regions: &[Vec<u32>],
     llm: &LlmRun,
     whole: bool,
+    stopped: &dyn Fn() -> bool,
     mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
     use mtmc_coder::critique::{LlmCritic, rules};
@@ -1531,9 +1543,21 @@ fn llm_search(
         let mut action = Action::kernel_for(region.clone(), Params::default());
         let mut repairs = llm.repairs;
         loop {
+            if stopped() {
+                found.interrupted = true;
+                break 'regions;
+            }
             step += 1;
             let label = format!("step {step}: {:?} {:?}", action.kind, action.region);
-            let program = match session.propose(&action) {
+            let proposed = session.propose(&action);
+            if stopped() {
+                // Not judged: a program that only compiled (with `whole`)
+                // is not kept either.
+                writeln!(out, "  {label}: interrupted, not kept")?;
+                found.interrupted = true;
+                break 'regions;
+            }
+            let program = match proposed {
                 Ok(p) => p,
                 Err(f) => {
                     let stage = match f.stage {
@@ -1565,7 +1589,15 @@ fn llm_search(
                 session.accept(program);
                 break;
             }
-            let o = judge(&program, &label)?;
+            let o = judge(&program, &label);
+            if stopped() {
+                // The signal reaches the judging processes too: this
+                // outcome may be their end, not the program's.
+                writeln!(out, "  {label}: interrupted, not kept")?;
+                found.interrupted = true;
+                break 'regions;
+            }
+            let o = o?;
             found.judged += 1;
             let ruled = rules(&o);
             // The program as prompt text, for the model's critique and the

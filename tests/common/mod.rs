@@ -169,6 +169,15 @@ pub fn read_json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
+/// The attempts in the `report.json` of a search a signal stopped, which
+/// the report says (the test fails when it does not).
+#[allow(dead_code)]
+pub fn interrupted_report(out_dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let report = read_json(&out_dir.join("report.json"));
+    assert_eq!(report["interrupted"], true, "{report}");
+    report["attempts"].as_array().unwrap().clone()
+}
+
 /// Every file under `dir`, at any depth.
 #[allow(dead_code)]
 pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -189,8 +198,14 @@ pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// `interrupted:` line. Returns its stdout and stderr.
 #[allow(dead_code)]
 pub fn interrupted(args: &[&str], until: impl Fn(&str) -> bool) -> (String, String) {
+    interrupted_run(mtmc(args), until)
+}
+
+/// [`interrupted`] for a prepared run (one with its own environment).
+#[allow(dead_code)]
+pub fn interrupted_run(run: Run, until: impl Fn(&str) -> bool) -> (String, String) {
     use std::io::{BufRead, Read};
-    let mut child = mtmc(args).spawn();
+    let mut child = run.spawn();
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut stdout = String::new();
     loop {
