@@ -1968,3 +1968,81 @@ fn rejudge_stopped_by_ctrl_c_says_where_keeps_what_it_judged_and_resumes() {
     );
     assert_eq!(recorded_hashes(&store, problem), first);
 }
+
+#[test]
+fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100);
+    let tree_s = tree.to_string_lossy().into_owned();
+    let (ck, whole) = (dir.path().join("ck"), dir.path().join("whole"));
+    let args = |out: &Path, iterations: &str| -> Vec<String> {
+        let out = out.to_string_lossy();
+        [
+            "train",
+            "--trajectories",
+            &tree_s,
+            "--out",
+            &out,
+            "--iterations",
+            iterations,
+            "--episodes",
+            "4",
+            "--hidden",
+            "16",
+            "--members",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let run = |a: &[String]| mtmc(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    // Far more iterations than it has time for: stopped in the first member.
+    let long = args(&ck, "20000");
+    let long: Vec<&str> = long.iter().map(String::as_str).collect();
+    let (stdout, stderr) = interrupted(&long, |l| l.starts_with("train: "));
+    let done: usize = stderr
+        .split("interrupted: stopped in member 1/2 after iteration ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        stderr.contains(&format!(
+            "after iteration {done} of 20000; the checkpoint in {} holds every finished iteration: run the same command with --resume to finish it",
+            ck.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains(&format!("member 1/2 iterations 1..{done}:")),
+        "{stdout}"
+    );
+    // The checkpoint and its curves hold every finished iteration; the
+    // committee is not usable until the second member is trained.
+    let meta = read_json(&ck.join("meta.json"));
+    assert_eq!(meta["iteration"], done, "{meta}");
+    assert_eq!(meta["members"], serde_json::json!(["member-2"]));
+    let curves = |dir: &Path| -> Vec<String> {
+        let csv = std::fs::read_to_string(dir.join("curves.csv")).unwrap();
+        // Every column but the seconds an iteration took.
+        csv.lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.to_string())
+            .collect()
+    };
+    assert_eq!(curves(&ck).len(), done + 1);
+    assert!(!ck.join("member-2").exists() && !ck.join("train.json").exists());
+    // Resumed two iterations further, it is the run that was never
+    // stopped, member by member.
+    let to = (done + 2).to_string();
+    let mut resume = args(&ck, &to);
+    resume.push("--resume".into());
+    let resumed = run(&resume).success();
+    assert!(resumed.stdout.contains("resuming"), "{}", resumed.stdout);
+    run(&args(&whole, &to)).success();
+    for member in ["", "member-2"] {
+        let (a, b) = (curves(&ck.join(member)), curves(&whole.join(member)));
+        assert_eq!(a.len(), done + 3);
+        assert_eq!(a, b, "{member}");
+    }
+}

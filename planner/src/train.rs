@@ -5,7 +5,7 @@
 //! checkpoint keeps Adam's state at full precision, so a run resumed after
 //! an interruption continues as the uninterrupted run would have.
 
-use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -98,13 +98,15 @@ pub struct Run<'a> {
 
 /// Trains on `device` for `run.iterations` more iterations (to that many
 /// in all, when resuming from the checkpoint in `run.dir`), calling
-/// `progress` after each. Returns every curve row, old and new. The
-/// checkpoint is the same whatever the device (burn's recorder at full
-/// precision), so a policy trained on the GPU acts on the CPU.
+/// `progress` after each, once its checkpoint and curves are written:
+/// `ControlFlow::Break` stops the run there (a stop asked for), and a
+/// later `resume` continues it exactly. Returns every curve row, old and
+/// new. The checkpoint is the same whatever the device (burn's recorder
+/// at full precision), so a policy trained on the GPU acts on the CPU.
 pub fn train(
     device: Device,
     run: Run<'_>,
-    progress: impl FnMut(&CurveRow),
+    progress: impl FnMut(&CurveRow) -> ControlFlow<()>,
 ) -> Result<Vec<CurveRow>, TrainError> {
     match device {
         Device::Cpu => train_with::<CpuTrain>(&Default::default(), run, progress),
@@ -118,7 +120,7 @@ pub fn train(
 fn train_with<B: AutodiffBackend>(
     device: &B::Device,
     run: Run<'_>,
-    mut progress: impl FnMut(&CurveRow),
+    mut progress: impl FnMut(&CurveRow) -> ControlFlow<()>,
 ) -> Result<Vec<CurveRow>, TrainError> {
     let Run {
         problems,
@@ -200,9 +202,14 @@ fn train_with<B: AutodiffBackend>(
             version: format!("{}+it{}", env!("CARGO_PKG_VERSION"), it + 1),
             members: Vec::new(),
         };
-        ck.save(&ppo.net, Some(ppo.optim.to_record()), &meta)?;
+        // The curves first: a kill between the two leaves a checkpoint
+        // whose iteration the curves hold, and resuming drops their rows
+        // past it.
         write_curves(dir, &rows)?;
-        progress(&row);
+        ck.save(&ppo.net, Some(ppo.optim.to_record()), &meta)?;
+        if progress(&row).is_break() {
+            break;
+        }
     }
     Ok(rows)
 }
@@ -233,11 +240,15 @@ fn read_curves(path: &Path) -> Vec<CurveRow> {
         .collect()
 }
 
-/// Writes `curves.csv` and `curves.svg` in `dir`.
+/// Writes `curves.csv` and `curves.svg` in `dir`, each under a temporary
+/// name and then renamed, so that a kill leaves the previous ones whole.
 pub fn write_curves(dir: &Path, rows: &[CurveRow]) -> Result<(), TrainError> {
     let io = |path: PathBuf| move |source| TrainError::Io { path, source };
-    let csv = dir.join("curves.csv");
-    let mut f = std::fs::File::create(&csv).map_err(io(csv.clone()))?;
+    let write = |name: &str, text: &str| {
+        let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(name));
+        std::fs::write(&tmp, text).map_err(io(tmp.clone()))?;
+        std::fs::rename(&tmp, &path).map_err(io(path))
+    };
     let mut text = format!("{HEADER}\n");
     for r in rows {
         text += &format!(
@@ -253,10 +264,8 @@ pub fn write_curves(dir: &Path, rows: &[CurveRow]) -> Result<(), TrainError> {
             r.seconds
         );
     }
-    f.write_all(text.as_bytes()).map_err(io(csv))?;
-    let svg = dir.join("curves.svg");
-    std::fs::write(&svg, plot(rows)).map_err(io(svg))?;
-    Ok(())
+    write("curves.csv", &text)?;
+    write("curves.svg", &plot(rows))
 }
 
 /// Four panels (mean return, best speedup, entropy, value loss) against

@@ -256,7 +256,9 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
             })
             .collect()
     };
-    let run = |dir: &std::path::Path, iterations: usize, resume: bool| {
+    // A run of `iterations` that a stop asked for ends after iteration
+    // `stop` (0: none).
+    let run = |dir: &std::path::Path, iterations: usize, resume: bool, stop: usize| {
         strip(
             mtmc_planner::train::train(
                 Device::Cpu,
@@ -267,7 +269,10 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
                     dir,
                     resume,
                 },
-                |_| {},
+                |r| match r.iteration == stop {
+                    true => std::ops::ControlFlow::Break(()),
+                    false => std::ops::ControlFlow::Continue(()),
+                },
             )
             .unwrap(),
         )
@@ -277,11 +282,14 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),
     );
-    let whole = run(a.path(), 4, false);
-    assert_eq!(whole, run(b.path(), 4, false), "same seed, same curves");
-    // Interrupted after 2 iterations, then resumed to 4.
-    run(c.path(), 2, false);
-    let resumed = run(c.path(), 4, true);
+    let whole = run(a.path(), 4, false, 0);
+    assert_eq!(whole, run(b.path(), 4, false, 0), "same seed, same curves");
+    // Stopped after 2 of 4 iterations, then resumed.
+    let stopped = run(c.path(), 4, false, 2);
+    assert_eq!(stopped, whole[..2]);
+    let csv = std::fs::read_to_string(c.path().join("curves.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    let resumed = run(c.path(), 4, true, 0);
     assert_eq!(whole, resumed);
     let csv = std::fs::read_to_string(c.path().join("curves.csv")).unwrap();
     assert_eq!(csv.lines().count(), 5, "{csv}");

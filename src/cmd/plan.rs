@@ -2437,6 +2437,9 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         _ => req.out_dir.join(member_name(k)),
     };
     let transitions: usize = train.iter().map(|p| p.evals.len()).sum();
+    // Ctrl-C stops training after the iteration in flight, its checkpoint
+    // and curves written: `--resume` continues it exactly.
+    let stop = Interrupt::catch().context("catching Ctrl-C")?;
     writeln!(
         out,
         "train: {} training problem(s) ({} recorded programs{}), {} held out{}; {} iteration(s) of {} episodes on the {}, discount {}{}{}",
@@ -2523,9 +2526,14 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
                     "return {:.3}, best {:.3}x, entropy {:.3}",
                     r.mean_return, r.best_speedup, r.entropy
                 ));
+                match stop.requested() {
+                    true => std::ops::ControlFlow::Break(()),
+                    false => std::ops::ControlFlow::Continue(()),
+                }
             },
         )?;
         bar.finish_and_clear();
+        let done = member_rows.last().map_or(0, |r| r.iteration);
         if let (Some(first), Some(last)) = (member_rows.first(), member_rows.last()) {
             writeln!(
                 out,
@@ -2558,6 +2566,19 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
                 meta.members = (2..=members).map(member_name).collect();
                 checkpoint.write_meta(&meta)?;
             }
+        }
+        if stop.requested() {
+            return Err(Interrupted(format!(
+                "stopped {}after iteration {done} of {}; the checkpoint in {} holds every finished iteration: run the same command with --resume to finish it",
+                if members > 1 {
+                    format!("in member {k}/{members} ")
+                } else {
+                    String::new()
+                },
+                req.iterations,
+                req.out_dir.display()
+            ))
+            .into());
         }
     }
     let seconds = t0.elapsed().as_secs_f64();
@@ -2666,14 +2687,17 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         "wrote {}: policy.mpk, optimizer.mpk, {}curves.csv, curves.svg, train.json{} ({seconds:.1} s)",
         req.out_dir.display(),
         if ranking.is_some() { "rtg.mpk, " } else { "" },
-        if members > 1 {
-            format!(
+        match members {
+            1 => String::new(),
+            2 => format!(
+                ", and member {} (its own policy and curves)",
+                member_name(2)
+            ),
+            _ => format!(
                 ", and members {}..{} (each its own policy and curves)",
                 member_name(2),
                 member_name(members)
-            )
-        } else {
-            String::new()
+            ),
         }
     )?;
     Ok(())
