@@ -185,7 +185,7 @@ enum Command {
         #[arg(long, value_name = "PLANNER")]
         planner: Option<cmd::plan::Choice>,
         /// Evaluations the planner may spend.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = parse_budget)]
         budget: usize,
         /// Record the planner's steps in this trajectory store (SQLite).
         #[arg(long, value_name = "FILE")]
@@ -221,7 +221,7 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         episodes: usize,
         /// Evaluations per episode.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = parse_budget)]
         budget: usize,
         /// The trajectory store.
         #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
@@ -308,7 +308,7 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         episodes: usize,
         /// Evaluations per episode.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = parse_budget)]
         budget: usize,
         /// Hidden units of the policy.
         #[arg(long, default_value_t = 128)]
@@ -358,7 +358,7 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         checkpoint: Option<PathBuf>,
         /// Evaluations per problem.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = parse_budget)]
         budget: usize,
         /// Which problems of the split.
         #[arg(long, value_enum, default_value = "test")]
@@ -605,6 +605,16 @@ fn parse_gamma(s: &str) -> std::result::Result<f64, String> {
         Err(format!(
             "{g} is outside (0, 1]: a discount is above 0 and at most 1"
         ))
+    }
+}
+
+fn parse_budget(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("a budget of 0 evaluations judges nothing: give 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{s}` is not a count of evaluations: give a whole number such as 8"
+        )),
     }
 }
 

@@ -250,6 +250,18 @@ fn store(dir: &Path, hash: &str, text: &str) {
     }
 }
 
+/// Fails before anything runs where a command judges ModelNew files, which
+/// are built from a problem's code, and one of `chosen` has none (the
+/// built-in traces hold graphs only): the error names it and the fix.
+pub fn require_code(command: &str, chosen: &[&Problem]) -> Result<()> {
+    if let Some(p) = chosen.iter().find(|p| p.code.is_empty()) {
+        bail!(
+            "{command} builds each problem's ModelNew from its code, and {p} has none here (the built-in traces hold graphs only): pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
+        );
+    }
+    Ok(())
+}
+
 /// `$MTMC_CACHE_DIR`, else `$XDG_CACHE_HOME/mtmc`, else `~/.cache/mtmc`.
 pub fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("MTMC_CACHE_DIR").filter(|d| !d.is_empty()) {

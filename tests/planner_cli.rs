@@ -87,6 +87,20 @@ fn explore_train_compare_and_a_planned_optimize() {
     let explore = |planner: &str, episodes: &str| {
         mtmc(&explore_two(&kb, planner, episodes, &store_s)).success()
     };
+    // Without the problems' code (the built-in traces hold graphs only) it
+    // stops before any episode, and no store is made.
+    let no_code = mtmc(&explore_two(&kb, "random", "1", &store_s)[2..]).failure();
+    assert!(
+        no_code
+            .stderr
+            .contains("explore builds each problem's ModelNew from its code")
+            && no_code.stderr.contains("pass --kernelbench PATH")
+            && no_code.stdout.is_empty()
+            && !store.exists(),
+        "{}\n{}",
+        no_code.stdout,
+        no_code.stderr
+    );
     let run = explore("exhaustive", "1");
     assert!(
         run.stdout.contains("no GPU: compile only"),
@@ -185,6 +199,13 @@ fn explore_train_compare_and_a_planned_optimize() {
     assert_eq!(meta["members"][1]["seed"], 2, "{meta}");
     let err = train("3", &["--gamma", "0"]).failure();
     assert!(err.error.contains("outside (0, 1]"), "{}", err.error);
+    let err = train("3", &["--budget", "0"]).failure();
+    assert!(
+        err.error
+            .contains("a budget of 0 evaluations judges nothing"),
+        "{}",
+        err.error
+    );
     let err = train("3", &["--step-cost=-1"]).failure();
     assert!(
         err.error
@@ -1788,7 +1809,7 @@ fn rejudge_judges_every_recorded_program_whose_code_changed_and_records_no_episo
         }
         let run = mtmc(&args).failure();
         assert!(
-            run.stderr.contains(&format!("{problem}'s code is needed"))
+            run.stderr.contains(&format!("{problem} has none here"))
                 && run.stderr.contains("--kernelbench"),
             "{}",
             run.stderr

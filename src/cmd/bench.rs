@@ -232,11 +232,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     if chosen.is_empty() {
         bail!("name the problems to bench, or pass --level N (repeatable) or --all");
     }
-    if chosen.iter().any(|p| p.code.is_empty()) {
-        bail!(
-            "bench needs the problems' code for their ModelNew files: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
-        );
-    }
+    crate::source::require_code("bench", &chosen)?;
     std::fs::create_dir_all(req.out_dir)
         .with_context(|| format!("cannot create `{}`", req.out_dir.display()))?;
     let results_path = req.out_dir.join("results.jsonl");

@@ -81,11 +81,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let mut prepared = Vec::new();
     for name in names {
         let p = problems.find(name)?;
-        if p.code.is_empty() {
-            bail!(
-                "bench-env needs {p}'s code: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
-            );
-        }
+        crate::source::require_code("bench-env", &[p])?;
         let problem = ProblemSource {
             name: format!("{}.py", p.name),
             code: p.code.clone(),

@@ -766,12 +766,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         .map(|p| problems.find(&p.problem.name))
         .collect::<Result<Vec<_>>>()
         .context("a recorded problem is not among the KernelBench problems: pass the --kernelbench the tree was recorded from")?;
-    if !req.table_only
-        && let Some(p) = chosen.iter().find(|p| p.code.is_empty())
-    {
-        bail!(
-            "compare --live builds each problem's ModelNew from its code, and {p} has none here (the built-in traces hold graphs only): pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
-        );
+    if !req.table_only {
+        crate::source::require_code("compare --live", &chosen)?;
     }
     let settings_path = req.out_dir.join("settings.json");
     if req.table_only && !settings_path.exists() {

@@ -1551,9 +1551,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         .into());
     }
     // Judging needs each problem's code for its ModelNew: say so once.
-    if let Some(e) = chosen.iter().find_map(|p| problem_source(p).err()) {
-        return Err(e);
-    }
+    crate::source::require_code("rejudge", &chosen)?;
     if req.dry_run {
         // The coder compiles every fragment it writes and falls back where
         // one fails: without NVRTC it writes other programs than the ones
@@ -2160,6 +2158,7 @@ pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Res
 pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
     let chosen = chosen(&problems, req.names, req.levels, req.split)?;
+    crate::source::require_code("explore", &chosen)?;
     kinds_mask("--beyond", req.beyond.kinds)?;
     if req.beyond.shallow_first && req.beyond.kinds.is_empty() {
         bail!(
