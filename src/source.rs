@@ -131,6 +131,20 @@ impl Problems {
         Ok(problem::find(&self.list, query)?)
     }
 
+    /// An error naming the first of `levels` no problem is of, and the
+    /// levels there are.
+    pub fn check_levels(&self, levels: &[u32]) -> Result<()> {
+        let there: std::collections::BTreeSet<u32> = self.list.iter().map(|p| p.level).collect();
+        if let Some(l) = levels.iter().find(|l| !there.contains(l)) {
+            let words: Vec<String> = there.iter().map(u32::to_string).collect();
+            bail!(
+                "--level {l}: no problem is of level {l}; the problems' levels are {}",
+                words.join(", ")
+            );
+        }
+        Ok(())
+    }
+
     /// The problems named in `names`, then every problem `also` takes, each
     /// once, in that order.
     pub fn choose(

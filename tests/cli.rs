@@ -37,6 +37,38 @@ fn problems_without_a_path_uses_the_built_in_traces() {
         80
     );
     assert!(out.stdout.contains("traces built into mtmc"));
+    // A level no problem is of is named, with the levels there are, and
+    // so are bench's and explore's.
+    let kb = shared_jsonl();
+    for args in [
+        vec!["problems", "--level", "5"],
+        vec![
+            "--kernelbench",
+            &kb,
+            "bench",
+            "--level",
+            "5",
+            "--out",
+            "unused",
+        ],
+        vec![
+            "--kernelbench",
+            &kb,
+            "explore",
+            "--level",
+            "1",
+            "--level",
+            "5",
+        ],
+    ] {
+        let err = mtmc(&args).failure();
+        assert!(
+            err.error
+                .contains("--level 5: no problem is of level 5; the problems' levels are 1, 2, 3"),
+            "{args:?}: {}",
+            err.error
+        );
+    }
 }
 
 #[test]

@@ -228,6 +228,7 @@ fn dir_name(p: &Problem) -> String {
 /// Runs the bench and prints the table.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let problems = crate::source::Problems::load(req.kernelbench)?;
+    problems.check_levels(req.levels)?;
     let chosen = problems.choose(req.names, |p| req.all || req.levels.contains(&p.level))?;
     if chosen.is_empty() {
         bail!("name the problems to bench, or pass --level N (repeatable) or --all");

@@ -1509,6 +1509,7 @@ fn chosen<'p>(
     levels: &[u32],
     split: Split,
 ) -> Result<Vec<&'p mtmc_actions::problem::Problem>> {
+    problems.check_levels(levels)?;
     let mut chosen = problems.choose(names, |p| levels.contains(&p.level))?;
     chosen.retain(|p| split.keeps(&p.full_name()));
     if chosen.is_empty() {

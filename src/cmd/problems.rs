@@ -15,6 +15,7 @@ pub fn run(
     level: Option<u32>,
 ) -> Result<()> {
     let problems = Problems::load(kernelbench)?;
+    problems.check_levels(level.as_slice())?;
     let chosen: Vec<_> = problems
         .list
         .iter()
