@@ -151,7 +151,7 @@ enum Command {
         #[command(flatten)]
         subject: SubjectArgs,
         /// Where the generated program and the report go.
-        #[arg(long, value_name = "DIR", default_value = "mtmc-out")]
+        #[arg(long, value_name = "DIR", default_value = "mtmc-out", value_parser = parse_out_dir)]
         out: PathBuf,
         /// Seconds before a candidate's evaluation is stopped.
         #[arg(long, default_value_t = 60)]
@@ -299,7 +299,7 @@ enum Command {
         #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
         trajectories: PathBuf,
         /// The checkpoint folder.
-        #[arg(long, value_name = "DIR", default_value = "mtmc-planner")]
+        #[arg(long, value_name = "DIR", default_value = "mtmc-planner", value_parser = parse_out_dir)]
         out: PathBuf,
         /// PPO iterations in all.
         #[arg(long, default_value_t = 200)]
@@ -394,7 +394,8 @@ enum Command {
             long,
             value_name = "DIR",
             default_value = "mtmc-compare-live",
-            requires = "live"
+            requires = "live",
+            value_parser = parse_out_dir
         )]
         out: PathBuf,
         /// Live: seconds before a candidate's evaluation is stopped.
@@ -500,7 +501,7 @@ enum Command {
         #[arg(long)]
         all: bool,
         /// Where the results, the generated code and the reports go.
-        #[arg(long, value_name = "DIR", default_value = "mtmc-bench")]
+        #[arg(long, value_name = "DIR", default_value = "mtmc-bench", value_parser = parse_out_dir)]
         out: PathBuf,
         /// The code to write.
         #[arg(long, value_enum, default_value = "cuda")]
@@ -606,6 +607,17 @@ fn parse_gamma(s: &str) -> std::result::Result<f64, String> {
             "{g} is outside (0, 1]: a discount is above 0 and at most 1"
         ))
     }
+}
+
+/// An --out folder: a path that is not a file (it is made when missing).
+fn parse_out_dir(s: &str) -> std::result::Result<PathBuf, String> {
+    let path = PathBuf::from(s);
+    if path.exists() && !path.is_dir() {
+        return Err(format!(
+            "`{s}` is a file: --out names the folder to write to; pass a new folder's name"
+        ));
+    }
+    Ok(path)
 }
 
 fn parse_budget(s: &str) -> std::result::Result<usize, String> {
@@ -989,6 +1001,23 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
     }
 }
 
+/// An error's context chain on one line, outermost first. A cause its
+/// message already ends with (`cannot write `x`: File exists` over `File
+/// exists`) is not said twice.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for link in e.chain().map(ToString::to_string) {
+        if line.ends_with(&link) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&link);
+    }
+    line
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut out = std::io::stdout().lock();
@@ -1003,9 +1032,7 @@ fn main() -> ExitCode {
             ExitCode::from(130)
         }
         Err(e) => {
-            // One line: the context chain, outermost first.
-            let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
-            eprintln!("error: {}", chain.join(": "));
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(2)
         }
     }
@@ -1016,4 +1043,29 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Error, ErrorKind};
+
+    use mtmc_planner::train::TrainError;
+
+    #[test]
+    fn a_cause_its_message_already_ends_with_is_said_once() {
+        let io = TrainError::Io {
+            path: "ck".into(),
+            source: Error::from(ErrorKind::AlreadyExists),
+        };
+        let said = Error::from(ErrorKind::AlreadyExists).to_string();
+        let e = anyhow::Error::from(io).context("training");
+        assert_eq!(
+            super::one_line(&e),
+            format!("training: cannot write `ck`: {said}")
+        );
+        // A cause the message does not quote is joined to it.
+        let e =
+            anyhow::Error::from(Error::from(ErrorKind::AlreadyExists)).context("cannot write `ck`");
+        assert_eq!(super::one_line(&e), format!("cannot write `ck`: {said}"));
+    }
 }

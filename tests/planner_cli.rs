@@ -199,6 +199,18 @@ fn explore_train_compare_and_a_planned_optimize() {
     assert_eq!(meta["members"][1]["seed"], 2, "{meta}");
     let err = train("3", &["--gamma", "0"]).failure();
     assert!(err.error.contains("outside (0, 1]"), "{}", err.error);
+    // An --out that names a file is refused before training, said once.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let err = train_briefly(&store_s, &file.to_string_lossy(), &[]).failure();
+    assert!(
+        err.error
+            .contains("is a file: --out names the folder to write to")
+            && err.error.matches("File exists").count() == 0
+            && !err.stdout.contains("member 1/"),
+        "{}",
+        err.error
+    );
     let err = train("3", &["--budget", "0"]).failure();
     assert!(
         err.error
