@@ -90,7 +90,7 @@ enum Command {
         /// A .cu file; kernels to launch are `extern "C" __global__`.
         file: PathBuf,
         /// Threads per block for the occupancy figure.
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1024))]
         block: u32,
     },
     /// Evaluate candidate `ModelNew` files on a problem. With a GPU: the
@@ -109,10 +109,10 @@ enum Command {
         #[arg(long, value_enum, default_value = "auto")]
         evaluator: cmd::eval::Choice,
         /// Timed trials.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = parse_count::<u32>)]
         trials: u32,
         /// Seconds before a candidate's evaluation is stopped (and counted as a timeout).
-        #[arg(long, default_value_t = 120)]
+        #[arg(long, default_value_t = 120, value_parser = parse_count::<u64>)]
         timeout: u64,
         /// Baselines to time, comma-separated (eager, compile), or `none`.
         #[arg(long, default_value = "eager,compile", value_delimiter = ',')]
@@ -154,7 +154,7 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = "mtmc-out", value_parser = parse_out_dir)]
         out: PathBuf,
         /// Seconds before a candidate's evaluation is stopped.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = parse_count::<u64>)]
         timeout: u64,
         /// The code to write: CUDA, or Triton (KernelBench problems only;
         /// what the Triton coder has no template for stays torch calls).
@@ -227,7 +227,7 @@ enum Command {
         #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
         trajectories: PathBuf,
         /// Seconds before a candidate's evaluation is stopped.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = parse_count::<u64>)]
         timeout: u64,
         /// Seed.
         #[arg(long, default_value_t = 0)]
@@ -275,7 +275,7 @@ enum Command {
         #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
         trajectories: PathBuf,
         /// Seconds before a candidate's evaluation is stopped.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = parse_count::<u64>)]
         timeout: u64,
         /// Count, per problem, the recorded programs a rejudge would judge
         /// again (their code changed, or no GPU timed them), and name the
@@ -302,16 +302,16 @@ enum Command {
         #[arg(long, value_name = "DIR", default_value = "mtmc-planner", value_parser = parse_out_dir)]
         out: PathBuf,
         /// PPO iterations in all.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, value_parser = parse_count::<usize>)]
         iterations: usize,
         /// Episodes per iteration.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = parse_count::<usize>)]
         episodes: usize,
         /// Evaluations per episode.
         #[arg(long, default_value_t = 8, value_parser = parse_budget)]
         budget: usize,
         /// Hidden units of the policy.
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, value_parser = parse_count::<usize>)]
         hidden: usize,
         /// Adam's learning rate.
         #[arg(long, default_value_t = 1e-3)]
@@ -399,7 +399,7 @@ enum Command {
         )]
         out: PathBuf,
         /// Live: seconds before a candidate's evaluation is stopped.
-        #[arg(long, default_value_t = 60, requires = "live")]
+        #[arg(long, default_value_t = 60, requires = "live", value_parser = parse_count::<u64>)]
         timeout: u64,
         /// Live: seed (the random planner's episode on the k-th problem
         /// uses seed + k).
@@ -507,7 +507,7 @@ enum Command {
         #[arg(long, value_enum, default_value = "cuda")]
         target: cmd::bench::Target,
         /// Seconds before a candidate's evaluation is stopped.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = parse_count::<u64>)]
         timeout: u64,
         /// Forget the results already in --out and start over.
         #[arg(long)]
@@ -532,7 +532,7 @@ enum Command {
         #[arg(long)]
         no_slow: bool,
         /// Seconds before a candidate's evaluation is stopped.
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = parse_count::<u64>)]
         timeout: u64,
         /// Also write every outcome as JSON to this file.
         #[arg(long, value_name = "FILE")]
@@ -618,6 +618,18 @@ fn parse_out_dir(s: &str) -> std::result::Result<PathBuf, String> {
         ));
     }
     Ok(path)
+}
+
+/// A whole number of one or more (iterations, episodes, hidden units,
+/// trials, seconds).
+fn parse_count<T: std::str::FromStr + From<u8> + PartialEq>(
+    s: &str,
+) -> std::result::Result<T, String> {
+    match s.parse::<T>() {
+        Ok(n) if n == T::from(0) => Err("0 is too few: give 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
 }
 
 fn parse_budget(s: &str) -> std::result::Result<usize, String> {

@@ -392,6 +392,11 @@ fn compile_reports_each_kernel_or_says_nvrtc_is_missing() {
         );
         assert!(out.error.contains("mtmc doctor"), "{}", out.error);
     }
+    // A block no GPU launches is refused (it printed 0 % occupancy).
+    for block in ["0", "1025"] {
+        let out = mtmc(&["compile", file.to_str().unwrap(), "--block", block]).failure();
+        assert!(out.error.contains("is not in 1..=1024"), "{}", out.error);
+    }
 }
 
 #[test]

@@ -211,6 +211,23 @@ fn explore_train_compare_and_a_planned_optimize() {
         "{}",
         err.error
     );
+    // A policy of 0 hidden units panicked in burn; it is refused now.
+    let err = mtmc(&[
+        "train",
+        "--trajectories",
+        &store_s,
+        "--out",
+        &ck_s,
+        "--hidden",
+        "0",
+    ])
+    .failure();
+    assert!(
+        err.error
+            .contains("'0' for '--hidden <HIDDEN>': 0 is too few"),
+        "{}",
+        err.error
+    );
     let err = train("3", &["--budget", "0"]).failure();
     assert!(
         err.error

@@ -50,6 +50,14 @@ pub enum StoreError {
         /// The file.
         path: PathBuf,
     },
+    /// A folder where a store's file was named.
+    #[error(
+        "trajectory store `{path}` is a folder: a store is one SQLite file (such as `{path}/mtmc-trajectories.sqlite`)"
+    )]
+    Folder {
+        /// The folder.
+        path: PathBuf,
+    },
     /// A store was to be merged into itself.
     #[error(
         "trajectory store `{path}`: cannot merge a store into itself; name another store to merge"
@@ -101,6 +109,19 @@ pub enum StoreError {
         /// What failed.
         source: std::io::Error,
     },
+}
+
+impl StoreError {
+    /// The error for a store's path that holds no file: a folder, or
+    /// nothing.
+    pub fn no_file(path: &Path) -> StoreError {
+        let path = path.to_path_buf();
+        if path.is_dir() {
+            StoreError::Folder { path }
+        } else {
+            StoreError::Missing { path }
+        }
+    }
 }
 
 /// What [`Store::claim_gpu`] found.
@@ -293,6 +314,9 @@ impl Store {
     /// Opens (creating if needed) the store at `path` to read and write
     /// it. A gzipped store is refused: it could only be written to a copy.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if path.is_dir() {
+            return Err(StoreError::no_file(path));
+        }
         if compressed(path) {
             return Err(StoreError::Compressed {
                 path: path.to_path_buf(),
@@ -306,9 +330,7 @@ impl Store {
     /// nothing is written back to it.
     pub fn open_to_read(path: &Path) -> Result<Store, StoreError> {
         if !path.is_file() {
-            return Err(StoreError::Missing {
-                path: path.to_path_buf(),
-            });
+            return Err(StoreError::no_file(path));
         }
         if !compressed(path) {
             return Store::open_file(path);

@@ -245,6 +245,17 @@ fn a_gzipped_store_is_read_in_place_and_never_written() {
         .expect("refused")
         .to_string();
     assert!(err.contains("does not exist"), "{err}");
+    // A folder is named as one, to read or to write.
+    for err in [
+        Store::open_to_read(dir.path()).err(),
+        Store::open(dir.path()).err(),
+    ] {
+        let err = err.expect("refused").to_string();
+        assert!(
+            err.contains("is a folder: a store is one SQLite file"),
+            "{err}"
+        );
+    }
 }
 
 /// Merging stores (say, recorded on two machines): every episode and step

@@ -1546,10 +1546,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     let problems = crate::source::Problems::load(req.kernelbench)?;
     let mut chosen = chosen(&problems, req.names, req.levels, req.split)?;
     if !req.store.is_file() {
-        return Err(mtmc_planner::store::StoreError::Missing {
-            path: req.store.to_path_buf(),
-        }
-        .into());
+        return Err(mtmc_planner::store::StoreError::no_file(req.store).into());
     }
     // Judging needs each problem's code for its ModelNew: say so once.
     crate::source::require_code("rejudge", &chosen)?;
@@ -2113,10 +2110,7 @@ pub struct ExploreRequest<'a> {
 pub fn merge(out: &mut dyn std::io::Write, into: &Path, from: &[PathBuf]) -> Result<()> {
     // Every source must be there before the target is created.
     if let Some(missing) = from.iter().find(|f| !f.is_file()) {
-        return Err(mtmc_planner::store::StoreError::Missing {
-            path: missing.clone(),
-        }
-        .into());
+        return Err(mtmc_planner::store::StoreError::no_file(missing).into());
     }
     let mut store = Store::open(into)?;
     for source in from {
