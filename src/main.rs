@@ -137,7 +137,7 @@ enum Command {
         #[arg(long)]
         eager_alone: bool,
         /// Also write the outcomes as JSON to this file.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", value_parser = parse_json_out)]
         json: Option<PathBuf>,
     },
     /// Write kernels with the template coder and a small built-in search.
@@ -368,7 +368,7 @@ enum Command {
         #[arg(long = "level", value_name = "N")]
         levels: Vec<u32>,
         /// Also write the table as JSON to this file.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", value_parser = parse_json_out)]
         json: Option<PathBuf>,
         /// Replay on the trees that this planner's episodes built (its
         /// name in the store: exhaustive, greedy, random, trained) instead
@@ -535,7 +535,7 @@ enum Command {
         #[arg(long, default_value_t = 300, value_parser = parse_count::<u64>)]
         timeout: u64,
         /// Also write every outcome as JSON to this file.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", value_parser = parse_json_out)]
         json: Option<PathBuf>,
     },
     /// Check the GPU and driver, NVRTC, and Python with torch, triton and cupy.
@@ -629,6 +629,22 @@ fn parse_count<T: std::str::FromStr + From<u8> + PartialEq>(
         Ok(n) if n == T::from(0) => Err("0 is too few: give 1 or more".into()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
+}
+
+/// A --json file to write at the end: checked before the work, so that
+/// a long run does not end unable to write it.
+fn parse_json_out(s: &str) -> std::result::Result<PathBuf, String> {
+    let path = PathBuf::from(s);
+    if path.is_dir() {
+        return Err(format!("`{s}` is a folder: --json names the file to write"));
+    }
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(format!(
+            "the folder `{}` does not exist: make it first, or name a file in a folder that does",
+            dir.display()
+        )),
+        _ => Ok(path),
     }
 }
 

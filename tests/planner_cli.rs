@@ -270,6 +270,16 @@ fn explore_train_compare_and_a_planned_optimize() {
     };
     let json = dir.path().join("compare.json");
     let json_s = json.to_string_lossy().into_owned();
+    // A --json it could not write is refused before the comparison.
+    let lost = dir.path().join("no-such-folder").join("compare.json");
+    let err = compare(&["--checkpoint", &ck_s, "--json", &lost.to_string_lossy()]).failure();
+    assert!(
+        err.error
+            .contains("no-such-folder` does not exist: make it first")
+            && err.stdout.is_empty(),
+        "{}",
+        err.error
+    );
     let run = compare(&["--checkpoint", &ck_s, "--split", "all", "--json", &json_s]).success();
     for planner in ["trained", "random", "greedy", "exhaustive"] {
         assert!(
