@@ -43,7 +43,14 @@ struct SubjectArgs {
     #[arg(long, conflicts_with = "intent_file", value_name = "TEXT")]
     intent_text: Option<String>,
     /// Where to save the intent program written from --intent-text.
-    #[arg(long, value_name = "FILE", requires = "intent_text")]
+    // Named conflicts too: clap lets `requires` pass where the required
+    // argument conflicts with one given (a problem, --intent).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "intent_text",
+        conflicts_with_all = ["problem", "intent", "intent_file"]
+    )]
     save_intent: Option<PathBuf>,
     /// A file holding an intent program.
     #[arg(long, value_name = "FILE")]

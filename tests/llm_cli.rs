@@ -320,6 +320,19 @@ fn intent_text_becomes_an_intent_that_runs_the_pipeline() {
     assert_eq!(seen[0].header("x-api-key"), Some(KEY));
     assert!(seen[0].body.contains("batched matmul 32x512x512"));
     no_key_in(dir.path(), &[&run.stdout, &run.stderr]);
+    // --save-intent saves what --intent-text wrote: with an intent of its
+    // own, or a problem, it is refused (it was silently ignored).
+    for subject in [&["--intent", "y = relu(x)"][..], &["L1/19"][..]] {
+        let mut args = subject.to_vec();
+        args.extend(["--save-intent", saved.to_str().unwrap()]);
+        let err = mtmc(&[&["optimize"][..], &args].concat()).failure();
+        assert!(
+            err.error
+                .contains("cannot be used with '--save-intent <FILE>'"),
+            "{}",
+            err.error
+        );
+    }
 }
 
 #[test]
