@@ -192,13 +192,13 @@ enum Command {
         #[arg(long, value_name = "PLANNER")]
         planner: Option<cmd::plan::Choice>,
         /// Evaluations the planner may spend.
-        #[arg(long, default_value_t = 8, value_parser = parse_budget)]
+        #[arg(long, default_value_t = 8, value_parser = parse_budget, requires = "planner")]
         budget: usize,
         /// Record the planner's steps in this trajectory store (SQLite).
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", requires = "planner")]
         trajectories: Option<PathBuf>,
         /// Seed of the random planner.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, requires = "planner")]
         seed: u64,
         /// Let a trained planner's STOP end the search before the budget
         /// is spent. Without it the search ends at the budget, near the

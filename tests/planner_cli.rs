@@ -996,6 +996,21 @@ fn explore_train_compare_and_a_planned_optimize() {
     // timed, so the report has no second speedup.
     assert!(!run.stdout.contains("judged again"), "{}", run.stdout);
     assert!(read_json(&out.join("report.json"))["best_speedup"].is_null());
+    // The planner's settings without a planner are refused: they were
+    // ignored, and a store named to record in was left unwritten.
+    for (flag, value) in [
+        ("--trajectories", "t.sqlite"),
+        ("--budget", "3"),
+        ("--seed", "1"),
+    ] {
+        let err = mtmc(&["--kernelbench", &kb, "optimize", "L1/24", flag, value]).failure();
+        assert!(
+            err.error.contains("required arguments were not provided")
+                && err.stderr.contains("--planner <PLANNER>"),
+            "{flag}: {}",
+            err.stderr
+        );
+    }
 
     let bad = mtmc(&[
         "--kernelbench",
