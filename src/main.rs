@@ -321,7 +321,7 @@ enum Command {
         #[arg(long, default_value_t = 128, value_parser = parse_count::<usize>)]
         hidden: usize,
         /// Adam's learning rate.
-        #[arg(long, default_value_t = 1e-3)]
+        #[arg(long, default_value_t = 1e-3, value_parser = parse_lr)]
         lr: f64,
         /// What each evaluation costs in the reward. 0: the budget alone
         /// limits the search; a cost teaches the policy to stop early
@@ -652,6 +652,18 @@ fn parse_json_out(s: &str) -> std::result::Result<PathBuf, String> {
             dir.display()
         )),
         _ => Ok(path),
+    }
+}
+
+fn parse_lr(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(lr) if lr > 0.0 && lr.is_finite() => Ok(lr),
+        Ok(lr) => Err(format!(
+            "{lr} is not a learning rate: give one above 0, such as 0.001"
+        )),
+        Err(_) => Err(format!(
+            "`{s}` is not a number: give a learning rate such as 0.001"
+        )),
     }
 }
 

@@ -196,9 +196,16 @@ fn explore_train_compare_and_a_planned_optimize() {
     let meta = read_json(&ck.join("train.json"));
     assert_eq!(meta["ppo"]["step_cost"], 0.0, "{meta}");
     assert_eq!(meta["ppo"]["gamma"], 0.6, "{meta}");
+    assert_eq!(meta["validation"], false, "{meta}");
     assert_eq!(meta["members"][1]["seed"], 2, "{meta}");
     let err = train("3", &["--gamma", "0"]).failure();
     assert!(err.error.contains("outside (0, 1]"), "{}", err.error);
+    let err = train("3", &["--lr", "0"]).failure();
+    assert!(
+        err.error.contains("0 is not a learning rate"),
+        "{}",
+        err.error
+    );
     // An --out that names a file is refused before training, said once.
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
@@ -941,6 +948,7 @@ fn explore_train_compare_and_a_planned_optimize() {
     .success();
     let meta = read_json(&ck_v.join("train.json"));
     assert_eq!(meta["ppo"]["step_cost"], 0.005, "{meta}");
+    assert_eq!(meta["validation"], true, "{meta}");
     assert!(
         run.stdout.contains("1 training problem(s) (")
             && run.stdout.contains("1 held out (test and validation)"),

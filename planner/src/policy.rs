@@ -187,6 +187,15 @@ pub struct Meta {
     /// committee acts on the mean of its members' probabilities.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
+    /// PPO's settings it was trained with, so that a resumed run goes on
+    /// with them (absent in checkpoints of earlier builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ppo: Option<crate::ppo::PpoConfig>,
+    /// The problems it was trained on: their count and a digest of their
+    /// names ([`crate::train::problems_digest`]), so that a resumed run
+    /// trains on the same ones (absent in checkpoints of earlier builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<String>,
 }
 
 /// The trained planner's policy: one network, or a committee of networks

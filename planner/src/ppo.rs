@@ -67,6 +67,32 @@ impl Default for PpoConfig {
     }
 }
 
+impl PpoConfig {
+    /// Where `asked` differs from these settings, a phrase each (`--hidden
+    /// 32 here, 16 there`), named by `mtmc train`'s flag where one sets it.
+    pub fn differences(&self, asked: &PpoConfig) -> Vec<String> {
+        let (Ok(serde_json::Value::Object(there)), Ok(serde_json::Value::Object(here))) =
+            (serde_json::to_value(self), serde_json::to_value(asked))
+        else {
+            unreachable!("PPO's settings serialize to an object")
+        };
+        there
+            .iter()
+            .filter(|(key, value)| here.get(*key) != Some(value))
+            .map(|(key, value)| {
+                let name = match key.as_str() {
+                    "max_steps" => "--budget".to_string(),
+                    "step_cost" => "--step-cost".to_string(),
+                    "gamma" | "lr" | "hidden" | "episodes" | "seed" => format!("--{key}"),
+                    other => other.to_string(),
+                };
+                let asked = here.get(key).map_or("none".into(), ToString::to_string);
+                format!("{name} {asked} here, {value} there")
+            })
+            .collect()
+    }
+}
+
 /// One step of a rollout.
 #[derive(Clone, Debug)]
 pub struct Transition {

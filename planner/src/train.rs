@@ -63,6 +63,40 @@ pub enum TrainError {
         "this mtmc was built without burn's CUDA backend: build it with `cargo build --release --features cuda` to train with --device cuda"
     )]
     NoCuda,
+    /// A run resumed with other settings than the checkpoint's.
+    #[error(
+        "checkpoint `{dir}` was trained with other settings ({differences}): resume it with the ones it was trained with (its meta.json lists them under `ppo`), or train a new one with another --out"
+    )]
+    Settings {
+        /// The checkpoint folder.
+        dir: PathBuf,
+        /// What differs.
+        differences: String,
+    },
+    /// A run resumed on other problems than the checkpoint's.
+    #[error(
+        "checkpoint `{dir}` was trained on {there}, and this run has {here}: resume it from the store it was trained on, with --validation as it was (or not), or train a new one with another --out"
+    )]
+    Problems {
+        /// The checkpoint folder.
+        dir: PathBuf,
+        /// Its problems.
+        there: String,
+        /// This run's.
+        here: String,
+    },
+    /// A run resumed to fewer iterations than the checkpoint holds.
+    #[error(
+        "checkpoint `{dir}` holds {done} iterations, more than --iterations {iterations}: pass --iterations {done} or more to resume it"
+    )]
+    Ahead {
+        /// The checkpoint folder.
+        dir: PathBuf,
+        /// Iterations it holds.
+        done: usize,
+        /// Iterations asked for.
+        iterations: usize,
+    },
     /// The curves could not be written.
     #[error("cannot write `{path}`: {source}")]
     Io {
@@ -138,8 +172,10 @@ fn train_with<B: AutodiffBackend>(
     let mut start = 0;
     let csv = dir.join("curves.csv");
     let mut rows: Vec<CurveRow> = Vec::new();
+    let digest = problems_digest(&problems);
     if resume && ck.exists() {
         let (net, meta) = ck.load::<B>(&device)?;
+        resumable(dir, &meta, config, &digest, iterations)?;
         ppo.net = net;
         if let Some(rec) = ck.load_optimizer::<B, AdamRecord<B>>(&device)? {
             ppo.optim = ppo.optim.load_record(rec);
@@ -201,6 +237,8 @@ fn train_with<B: AutodiffBackend>(
             seed: config.seed,
             version: format!("{}+it{}", env!("CARGO_PKG_VERSION"), it + 1),
             members: Vec::new(),
+            ppo: Some(config.clone()),
+            problems: Some(digest.clone()),
         };
         // The curves first: a kill between the two leaves a checkpoint
         // whose iteration the curves hold, and resuming drops their rows
@@ -212,6 +250,60 @@ fn train_with<B: AutodiffBackend>(
         }
     }
     Ok(rows)
+}
+
+/// The problems a run trains on, as a checkpoint keeps them: their count
+/// and the first 16 hex digits of the SHA-256 of their names, a line each.
+pub fn problems_digest(problems: &[TreeProblem]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut names: Vec<&str> = problems.iter().map(|p| p.problem.name.as_str()).collect();
+    names.sort_unstable();
+    let hash = Sha256::digest(names.join("\n").as_bytes());
+    let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{} problems (names {hex})", names.len())
+}
+
+/// Whether the checkpoint `meta` in `dir` can be resumed as asked: with
+/// the settings and problems it was trained with (those its meta keeps;
+/// a checkpoint of an earlier build keeps the hidden units and the seed
+/// alone), to no fewer iterations than it holds.
+fn resumable(
+    dir: &Path,
+    meta: &Meta,
+    config: &PpoConfig,
+    digest: &str,
+    iterations: usize,
+) -> Result<(), TrainError> {
+    let differences = match &meta.ppo {
+        Some(there) => there.differences(config),
+        None => PpoConfig {
+            hidden: meta.hidden,
+            seed: meta.seed,
+            ..config.clone()
+        }
+        .differences(config),
+    };
+    if !differences.is_empty() {
+        return Err(TrainError::Settings {
+            dir: dir.to_path_buf(),
+            differences: differences.join(", "),
+        });
+    }
+    if let Some(there) = meta.problems.as_deref().filter(|there| *there != digest) {
+        return Err(TrainError::Problems {
+            dir: dir.to_path_buf(),
+            there: there.to_string(),
+            here: digest.to_string(),
+        });
+    }
+    if meta.iteration > iterations {
+        return Err(TrainError::Ahead {
+            dir: dir.to_path_buf(),
+            done: meta.iteration,
+            iterations,
+        });
+    }
+    Ok(())
 }
 
 const HEADER: &str = "iteration,mean_return,best_speedup,entropy,value_loss,policy_loss,approx_kl,transitions,seconds";

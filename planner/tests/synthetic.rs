@@ -182,6 +182,8 @@ fn ppo_learns_the_best_programs_of_a_synthetic_tree() {
         seed: config.seed,
         version: "test".into(),
         members: Vec::new(),
+        ppo: Some(config.clone()),
+        problems: None,
     };
     ck.save(&ppo.acting(), None::<()>, &meta).unwrap();
     let (loaded, back) = ck.load::<Cpu>(&device).unwrap();
@@ -293,6 +295,60 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
     assert_eq!(whole, resumed);
     let csv = std::fs::read_to_string(c.path().join("curves.csv")).unwrap();
     assert_eq!(csv.lines().count(), 5, "{csv}");
+    // Resumed with other settings, on other problems or to fewer
+    // iterations than it holds, it is refused and left as it was (other
+    // hidden units loaded the checkpoint's network under a meta that
+    // named the new size).
+    let resume_err = |config: &PpoConfig, problems: Arc<Vec<TreeProblem>>, iterations: usize| {
+        mtmc_planner::train::train(
+            Device::Cpu,
+            Run {
+                problems,
+                config,
+                iterations,
+                dir: c.path(),
+                resume: true,
+            },
+            |_| std::ops::ControlFlow::Continue(()),
+        )
+        .expect_err("refused")
+        .to_string()
+    };
+    let wider = PpoConfig {
+        hidden: 64,
+        gamma: 0.9,
+        ..config.clone()
+    };
+    let err = resume_err(&wider, problems.clone(), 6);
+    assert!(
+        err.contains("other settings (--gamma 0.9 here, 0.99 there, --hidden 64 here, 32 there)"),
+        "{err}"
+    );
+    let fewer = Arc::new(problems[..1].to_vec());
+    let err = resume_err(&config, fewer, 6);
+    assert!(
+        err.contains("was trained on 2 problems (names ")
+            && err.contains("this run has 1 problems"),
+        "{err}"
+    );
+    let err = resume_err(&config, problems.clone(), 3);
+    assert!(
+        err.contains("holds 4 iterations, more than --iterations 3"),
+        "{err}"
+    );
+    let meta = Checkpoint::at(c.path()).meta().unwrap();
+    assert_eq!((meta.iteration, meta.ppo.as_ref()), (4, Some(&config)));
+    // A checkpoint of an earlier build (no settings kept) is checked on
+    // the hidden units and the seed it names.
+    Checkpoint::at(c.path())
+        .write_meta(&Meta {
+            ppo: None,
+            problems: None,
+            ..meta
+        })
+        .unwrap();
+    let err = resume_err(&wider, problems.clone(), 6);
+    assert!(err.contains("(--hidden 64 here, 32 there)"), "{err}");
 }
 
 #[test]

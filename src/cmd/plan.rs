@@ -2668,6 +2668,8 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
             .to_string(),
         "iterations": rows.len(),
         "seconds": seconds,
+        // Whether the validation problems were left out too.
+        "validation": req.validation,
         "ppo": req.ppo,
         "members": finals,
         "reward_to_go": ranking,
