@@ -618,6 +618,37 @@ fn eval_of_an_intent_takes_cuda_programs_and_checks_their_plan() {
 }
 
 #[test]
+fn the_worker_s_settings_for_cuda_programs_alone_are_refused() {
+    let programs = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/programs");
+    let relu = format!("{programs}/relu.json");
+    for (flags, said) in [
+        (&["--strict"][..], "--strict only changes how the worker"),
+        (
+            &["--host-inputs", "--eager-alone"][..],
+            "--host-inputs and --eager-alone only change how the worker",
+        ),
+    ] {
+        let mut args = vec![
+            "eval",
+            "--intent",
+            "y = relu(x)",
+            "--shape",
+            "x=4194304",
+            "--candidate",
+            &relu,
+        ];
+        args.extend_from_slice(flags);
+        let out = mtmc(&args).failure();
+        assert!(
+            out.error.contains(said)
+                && out.error.contains("every candidate here is a CUDA program"),
+            "{}",
+            out.error
+        );
+    }
+}
+
+#[test]
 fn a_python_candidate_for_an_intent_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let cand = dir.path().join("c.py");

@@ -203,6 +203,30 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         .iter()
         .map(|p| load_candidate(p))
         .collect::<Result<Vec<_>>>()?;
+    // The worker's settings do nothing for CUDA programs, which the
+    // native evaluator judges: say so rather than ignore them.
+    if !candidates
+        .iter()
+        .any(|c| matches!(c, Candidate::Python { .. }))
+    {
+        let given: Vec<&str> = [
+            (req.host_inputs, "--host-inputs"),
+            (req.strict, "--strict"),
+            (!req.baseline_cache, "--fresh-baselines"),
+            (!req.paired_eager, "--eager-alone"),
+        ]
+        .into_iter()
+        .filter_map(|(on, flag)| on.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            bail!(
+                "{} only change{} how the worker judges Python candidates, and every candidate here is a CUDA program, which the native evaluator judges: drop {}",
+                given.join(" and "),
+                if given.len() == 1 { "s" } else { "" },
+                if given.len() == 1 { "it" } else { "them" }
+            );
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
