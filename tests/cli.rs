@@ -347,6 +347,59 @@ fn doctor_reports_each_component_with_a_fix() {
     }
 }
 
+#[test]
+fn doctor_names_what_the_test_script_installed_in_the_checkout() {
+    // A checkout's `.deps/` as `scripts/test` fills it: the NVRTC wheel
+    // and a venv with torch (files standing in for them).
+    let dir = tempfile::tempdir().unwrap();
+    let deps = dir.path().join(".deps");
+    let lib = deps.join("python/nvidia/cu13/lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libnvrtc.so.13"), "").unwrap();
+    let venv = deps.join("torch/bin/python");
+    std::fs::create_dir_all(venv.parent().unwrap()).unwrap();
+    std::fs::write(&venv, "").unwrap();
+    let out = mtmc(&["doctor"])
+        .current_dir(dir.path())
+        .env("LD_LIBRARY_PATH", "")
+        .success();
+    let fix_of = |component: &str| {
+        let mut lines = out.stdout.lines();
+        lines
+            .find(|l| l.starts_with("missing") && l.split_whitespace().nth(1) == Some(component))?;
+        lines.next().map(str::trim).map(str::to_string)
+    };
+    // NVRTC on the system's own library path is found there; else the
+    // fix puts the checkout's wheel on the path (python3's own wheel
+    // first, where it has one).
+    if let Some(fix) = fix_of("NVRTC") {
+        assert!(
+            fix.starts_with("fix: export LD_LIBRARY_PATH="),
+            "{}",
+            out.stdout
+        );
+        let python3_has_wheel = std::process::Command::new("python3")
+            .args(["-c", "import nvidia"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !python3_has_wheel {
+            assert!(fix.contains(&lib.display().to_string()), "{}", out.stdout);
+        }
+    }
+    if !python3_has_torch() {
+        let fix = fix_of("torch").expect("torch missing");
+        assert_eq!(
+            fix,
+            format!(
+                "fix: export MTMC_PYTHON={}   (the Python scripts/test installed torch in)",
+                venv.display()
+            ),
+            "{}",
+            out.stdout
+        );
+    }
+}
+
 /// Whether the test script put NVRTC on the library path.
 fn nvrtc_expected() -> bool {
     std::env::var_os("MTMC_EXPECT_NVRTC").is_some()

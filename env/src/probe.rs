@@ -199,6 +199,20 @@ pub fn nvrtc(wheel_lib: Option<String>) -> Check {
     }
 }
 
+/// The `.deps/` folder `scripts/test` fills in a checkout (the NVRTC
+/// wheel in `python/`, a venv with torch and triton in `torch/`), looked
+/// for from the working directory up, then from the binary's place up
+/// (`target/release/mtmc` of a checkout).
+fn checkout_deps() -> Option<std::path::PathBuf> {
+    let starts = [std::env::current_dir().ok(), std::env::current_exe().ok()];
+    starts
+        .iter()
+        .flatten()
+        .flat_map(|start| start.ancestors())
+        .map(|dir| dir.join(".deps"))
+        .find(|deps| deps.is_dir())
+}
+
 /// Every check `mtmc doctor` prints, in order.
 pub fn doctor() -> Vec<Check> {
     let mut checks = Vec::new();
@@ -232,12 +246,19 @@ pub fn doctor() -> Vec<Check> {
              without a GPU mtmc can still show problems and compile kernels",
         )),
     }
+    let deps = checkout_deps();
     let wheel_lib = py
         .as_ref()
         .ok()
         .and_then(|r| r.get("nvrtc_wheel_lib"))
         .and_then(Value::as_str)
-        .map(str::to_string);
+        .map(str::to_string)
+        .or_else(|| {
+            let lib = deps.as_ref()?.join("python/nvidia/cu13/lib");
+            lib.join("libnvrtc.so.13")
+                .is_file()
+                .then(|| lib.display().to_string())
+        });
     checks.push(nvrtc(wheel_lib));
     let name = python::interpreter().to_string_lossy().into_owned();
     match py {
@@ -283,7 +304,22 @@ pub fn doctor() -> Vec<Check> {
                     None => checks.push(Check::missing(
                         pkg,
                         format!("not importable by {name} ({})", s(&format!("{pkg}_error"))),
-                        format!("{name} -m pip install {pip_name}   (needed: it {why_needed})"),
+                        match deps
+                            .as_ref()
+                            .map(|d| d.join("torch/bin/python"))
+                            .filter(|venv| pkg != "cupy" && venv.is_file())
+                        {
+                            // scripts/test installed torch and triton in
+                            // a venv of the checkout.
+                            Some(venv) => format!(
+                                "export {}={}   (the Python scripts/test installed {pkg} in)",
+                                python::PYTHON_ENV,
+                                venv.display()
+                            ),
+                            None => format!(
+                                "{name} -m pip install {pip_name}   (needed: it {why_needed})"
+                            ),
+                        },
                     )),
                 }
             }

@@ -31,6 +31,13 @@ impl Run {
         self
     }
 
+    /// Runs it in `dir`.
+    #[allow(dead_code)]
+    pub fn current_dir(mut self, dir: &std::path::Path) -> Run {
+        self.0.current_dir(dir);
+        self
+    }
+
     fn output(mut self) -> (std::process::ExitStatus, Output) {
         let out = self.0.output().expect("the binary runs");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
