@@ -401,8 +401,7 @@ enum Command {
             long,
             value_name = "DIR",
             default_value = "mtmc-compare-live",
-            requires = "live",
-            value_parser = parse_out_dir
+            requires = "live"
         )]
         out: PathBuf,
         /// Live: seconds before a candidate's evaluation is stopped.
@@ -619,12 +618,10 @@ fn parse_gamma(s: &str) -> std::result::Result<f64, String> {
 /// An --out folder: a path that is not a file (it is made when missing).
 fn parse_out_dir(s: &str) -> std::result::Result<PathBuf, String> {
     let path = PathBuf::from(s);
-    if path.exists() && !path.is_dir() {
-        return Err(format!(
-            "`{s}` is a file: --out names the folder to write to; pass a new folder's name"
-        ));
+    match cmd::out_dir_refused(&path) {
+        Some(why) => Err(why),
+        None => Ok(path),
     }
-    Ok(path)
 }
 
 /// A whole number of one or more (iterations, episodes, hidden units,

@@ -277,6 +277,19 @@ fn explore_train_compare_and_a_planned_optimize() {
     };
     let json = dir.path().join("compare.json");
     let json_s = json.to_string_lossy().into_owned();
+    // A file named as the live comparison's default folder stops neither
+    // a comparison in replay nor anything but a live one.
+    std::fs::write(dir.path().join("mtmc-compare-live"), "").unwrap();
+    let mut args = vec!["compare", "--trajectories", &store_s, "--checkpoint", &ck_s];
+    mtmc(&args).current_dir(dir.path()).success();
+    args.extend(["--live", "--kernelbench", &kb]);
+    let err = mtmc(&args).current_dir(dir.path()).failure();
+    assert!(
+        err.error
+            .contains("`mtmc-compare-live` is a file: --out names the folder to write to"),
+        "{}",
+        err.error
+    );
     // A --json it could not write is refused before the comparison.
     let lost = dir.path().join("no-such-folder").join("compare.json");
     let err = compare(&["--checkpoint", &ck_s, "--json", &lost.to_string_lossy()]).failure();

@@ -740,6 +740,11 @@ fn reuse_baselines(
 
 /// Runs the live comparison and prints its table.
 pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Result<()> {
+    // Checked here, not by the parser: its default must not stop a
+    // comparison that is not live.
+    if let Some(why) = super::out_dir_refused(req.out_dir) {
+        bail!(why);
+    }
     let store = Store::open_to_read(req.store)?;
     let in_split: Vec<TreeProblem> = tree::load(&store, &|n| req.split.knows(n))?
         .into_iter()
