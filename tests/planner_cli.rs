@@ -36,6 +36,11 @@ fn explore_two<'a>(
     ]
 }
 
+/// The recorded H100 tree that comes with mtmc.
+fn recorded_h100() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100)
+}
+
 /// `mtmc compare --live` on every problem of `store` (`--split all`) with
 /// the checkpoint `ck`, at `budget`, into `out`.
 fn live_args<'a>(store: &'a str, ck: &'a str, budget: &'a str, out: &'a str) -> Vec<&'a str> {
@@ -1177,8 +1182,7 @@ fn geomean_row(table: &serde_json::Value, name: &str) -> f64 {
 #[test]
 fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     let dir = tempfile::tempdir().unwrap();
-    let tree =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100);
+    let tree = recorded_h100();
     let tree_s = tree.to_string_lossy().into_owned();
     let before = std::fs::read(&tree).unwrap();
     let ck = dir.path().join("ck");
@@ -1422,8 +1426,7 @@ fn explore_beyond_judges_the_programs_one_move_past_the_recorded_ones() {
     use mtmc_planner::space::Move;
     use std::io::Read as _;
     let dir = tempfile::tempdir().unwrap();
-    let tree =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100);
+    let tree = recorded_h100();
     let mut plain = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(&tree).unwrap())
         .read_to_end(&mut plain)
@@ -2068,8 +2071,7 @@ fn rejudge_stopped_by_ctrl_c_says_where_keeps_what_it_judged_and_resumes() {
 #[test]
 fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let tree =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100);
+    let tree = recorded_h100();
     let tree_s = tree.to_string_lossy().into_owned();
     let (ck, whole) = (dir.path().join("ck"), dir.path().join("whole"));
     let args = |out: &Path, iterations: &str| -> Vec<String> {

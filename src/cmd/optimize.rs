@@ -781,13 +781,10 @@ pub(crate) fn write_model_new(
 }
 
 /// The problem as the worker takes it; an error when its code is missing
-/// (a built-in trace only), which a ModelNew needs.
+/// (a built-in trace only), which a ModelNew needs. Every command but
+/// `optimize` checks its problems before it starts.
 pub(crate) fn problem_source(p: &mtmc_actions::problem::Problem) -> Result<ProblemSource> {
-    if p.code.is_empty() {
-        bail!(
-            "{p}'s code is needed (a ModelNew of it is judged against its Model), and only its trace is built in: pass --kernelbench PATH (a problems.jsonl or a KernelBench checkout)"
-        );
-    }
+    crate::source::require_code("optimize", &[p])?;
     Ok(ProblemSource {
         name: format!("{}.py", p.name),
         code: p.code.clone(),
