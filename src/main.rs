@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// Writes fast GPU kernels for KernelBench problems and intent descriptions.
 #[derive(Parser)]
@@ -174,9 +174,10 @@ enum Command {
         /// Who writes the critique of each outcome for the LLM coder.
         #[arg(long, value_enum, default_value = "rules")]
         critic: cmd::optimize::Critic,
-        /// Repair steps per region for the LLM coder (fix compile, fix correctness).
-        #[arg(long, default_value_t = 2)]
-        repairs: u32,
+        /// Repair steps per region for the LLM coder (fix compile, fix
+        /// correctness) [default: 2].
+        #[arg(long)]
+        repairs: Option<u32>,
         /// Print the critique of every step (with a trained planner, also
         /// the moves it weighed before each step, with their odds).
         #[arg(short, long)]
@@ -741,6 +742,29 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             policy_stops,
             llm,
         } => {
+            // Flags the template coder has no use for are refused, not
+            // dropped: the run would not be the one asked for.
+            let needs_llm = coder == CoderKind::Llm || subject.intent_text.is_some();
+            let mut unused = if needs_llm { vec![] } else { llm.given() };
+            if repairs.is_some() && coder != CoderKind::Llm {
+                unused.push("--repairs");
+            }
+            if !unused.is_empty() {
+                let (verb, them) = if unused.len() == 1 {
+                    ("configures", "it")
+                } else {
+                    ("configure", "them")
+                };
+                let fix = if planner.is_some() {
+                    format!("--planner drives the template coder: drop {them}")
+                } else {
+                    format!("add --coder llm, or drop {them}")
+                };
+                anyhow::bail!(
+                    "{} {verb} the LLM coder, and the template coder writes this run: {fix}",
+                    unused.join(", ")
+                );
+            }
             if let Some(planner) = planner {
                 if strict {
                     anyhow::bail!(
@@ -787,10 +811,12 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             }
             if coder == CoderKind::Template && critic != cmd::optimize::Critic::Rules {
                 anyhow::bail!(
-                    "--critic {critic:?} steers the LLM coder: add --coder llm (the template coder takes no critique)"
+                    "--critic {} steers the LLM coder: add --coder llm (the template coder takes no critique)",
+                    critic
+                        .to_possible_value()
+                        .map_or_else(String::new, |v| v.get_name().to_string())
                 );
             }
-            let needs_llm = coder == CoderKind::Llm || subject.intent_text.is_some();
             let client =
                 if needs_llm {
                     Some(llm.client(&cmd::llm::run_id()).context(
@@ -817,7 +843,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     cmd::optimize::Coder::Llm(cmd::optimize::LlmRun {
                         client,
                         critic,
-                        repairs,
+                        repairs: repairs.unwrap_or(2),
                         verbose,
                     })
                 }

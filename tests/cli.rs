@@ -702,6 +702,45 @@ fn the_worker_s_settings_for_cuda_programs_alone_are_refused() {
 }
 
 #[test]
+fn the_llm_coder_s_flags_with_the_template_coder_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("o");
+    let out_dir = out_dir.to_str().unwrap();
+    for (flags, said) in [
+        (
+            &["--model", "m", "--repairs", "3"][..],
+            "--model, --repairs configure the LLM coder, and the template coder writes this run: add --coder llm, or drop them",
+        ),
+        (
+            &["--offline"][..],
+            "--offline configures the LLM coder, and the template coder writes this run: add --coder llm, or drop it",
+        ),
+        (
+            &["--planner", "random", "--base-url", "http://127.0.0.1:9/v1"][..],
+            "--base-url configures the LLM coder, and the template coder writes this run: --planner drives the template coder: drop it",
+        ),
+        (
+            &["--critic", "llm"][..],
+            "--critic llm steers the LLM coder: add --coder llm",
+        ),
+    ] {
+        let mut args = vec![
+            "optimize",
+            "--intent",
+            "y = relu(x)",
+            "--shape",
+            "x=16",
+            "--out",
+            out_dir,
+        ];
+        args.extend_from_slice(flags);
+        let out = mtmc(&args).failure();
+        assert!(out.error.contains(said), "{flags:?}: {}", out.error);
+        assert!(!dir.path().join("o").exists(), "{flags:?} wrote its folder");
+    }
+}
+
+#[test]
 fn a_python_candidate_for_an_intent_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let cand = dir.path().join("c.py");

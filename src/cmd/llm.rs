@@ -85,6 +85,26 @@ impl LlmArgs {
         Ok(c)
     }
 
+    /// The flags given on the command line, by name (`--llm-config` not
+    /// among them: it may come from `MTMC_LLM_CONFIG`, set for every run).
+    pub fn given(&self) -> Vec<&'static str> {
+        [
+            (self.provider.is_some(), "--provider"),
+            (self.base_url.is_some(), "--base-url"),
+            (self.model.is_some(), "--model"),
+            (self.api_key_env.is_some(), "--api-key-env"),
+            (self.temperature.is_some(), "--temperature"),
+            (self.max_tokens.is_some(), "--max-tokens"),
+            (self.concurrency.is_some(), "--concurrency"),
+            (self.llm_timeout.is_some(), "--llm-timeout"),
+            (self.offline, "--offline"),
+            (self.store.is_some(), "--store"),
+        ]
+        .into_iter()
+        .filter_map(|(given, name)| given.then_some(name))
+        .collect()
+    }
+
     /// The store's path.
     pub fn store_path(&self) -> Result<PathBuf> {
         match &self.store {
