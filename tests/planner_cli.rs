@@ -2131,10 +2131,23 @@ fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() 
     assert_eq!(curves(&ck).len(), done + 1);
     assert!(!ck.join("member-2").exists() && !ck.join("train.json").exists());
     // Resumed two iterations further, it is the run that was never
-    // stopped, member by member.
+    // stopped, member by member; not with fewer members than it has.
     let to = (done + 2).to_string();
     let mut resume = args(&ck, &to);
     resume.push("--resume".into());
+    let mut fewer = resume.clone();
+    let at = fewer.iter().position(|a| a == "--members").unwrap();
+    fewer[at + 1] = "1".into();
+    let refused = run(&fewer).failure();
+    assert!(
+        refused.error.contains(&format!(
+            "checkpoint `{}` is a committee of 2: resume it with --members 2 (or more, to add members)",
+            ck.display()
+        )),
+        "{}",
+        refused.error
+    );
+    assert_eq!(read_json(&ck.join("meta.json")), meta);
     let resumed = run(&resume).success();
     assert!(resumed.stdout.contains("resuming"), "{}", resumed.stdout);
     run(&args(&whole, &to)).success();
@@ -2143,4 +2156,23 @@ fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() 
         assert_eq!(a.len(), done + 3);
         assert_eq!(a, b, "{member}");
     }
+    // More members train the new ones only.
+    let mut more = args(&whole, &to);
+    let at = more.iter().position(|a| a == "--members").unwrap();
+    more[at + 1] = "3".into();
+    more.push("--resume".into());
+    let grown = run(&more).success();
+    assert!(
+        grown
+            .stdout
+            .contains("resuming (the committee of 2 grows to 3)"),
+        "{}",
+        grown.stdout
+    );
+    assert_eq!(
+        read_json(&whole.join("meta.json"))["members"],
+        serde_json::json!(["member-2", "member-3"])
+    );
+    assert_eq!(curves(&whole), curves(&ck));
+    assert_eq!(curves(&whole.join("member-3")).len(), done + 3);
 }

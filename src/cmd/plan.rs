@@ -2423,6 +2423,19 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         );
     }
     let members = req.members.max(1);
+    // A resumed committee goes on with every member it has: fewer would
+    // leave trained members out of it without a word (more train the new
+    // ones, as a run with that many from the start would).
+    let held = match req.resume && checkpoint.exists() {
+        true => checkpoint.meta()?.members.len() + 1,
+        false => 1,
+    };
+    if members < held {
+        bail!(
+            "checkpoint `{}` is a committee of {held}: resume it with --members {held} (or more, to add members), or train another --out",
+            req.out_dir.display()
+        );
+    }
     // Member k (1-based) trains with seed + k - 1; the first is the
     // folder itself.
     let member_name = |k: usize| format!("member-{k}");
@@ -2461,10 +2474,13 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         } else {
             String::new()
         },
-        if req.resume && checkpoint.exists() {
-            ", resuming"
-        } else {
-            ""
+        match (
+            req.resume && checkpoint.exists(),
+            members > held && held > 1
+        ) {
+            (true, true) => format!(", resuming (the committee of {held} grows to {members})"),
+            (true, false) => ", resuming".to_string(),
+            (false, _) => String::new(),
         }
     )?;
     let unflagged = store.problems_without_rewrite_flags()?;
