@@ -2176,3 +2176,62 @@ fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() 
     assert_eq!(curves(&whole), curves(&ck));
     assert_eq!(curves(&whole.join("member-3")).len(), done + 3);
 }
+
+/// A committee killed in its first member, before the others exist, is
+/// refused as a committee cut short (not taken for its first member
+/// alone), and resuming it with fewer members is refused.
+#[test]
+fn a_committee_killed_in_its_first_member_is_refused_until_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = recorded_h100();
+    let tree_s = tree.to_string_lossy().into_owned();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_string_lossy().into_owned();
+    let args = |members: &'static str| {
+        [
+            "train",
+            "--trajectories",
+            &tree_s,
+            "--out",
+            &ck_s,
+            "--iterations",
+            "20000",
+            "--episodes",
+            "4",
+            "--hidden",
+            "16",
+            "--members",
+            members,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let first = args("2");
+    let mut child = mtmc(&first.iter().map(String::as_str).collect::<Vec<_>>()).spawn();
+    let t0 = std::time::Instant::now();
+    while !ck.join("meta.json").exists() {
+        assert!(t0.elapsed().as_secs() < 300, "no checkpoint was written");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let meta = read_json(&ck.join("meta.json"));
+    assert_eq!(meta["members"], serde_json::json!(["member-2"]), "{meta}");
+    assert!(!ck.join("member-2").exists());
+    let compare = mtmc(&["compare", "--trajectories", &tree_s, "--checkpoint", &ck_s]).failure();
+    assert!(
+        compare.error.contains("its member `member-2` is missing"),
+        "{}",
+        compare.error
+    );
+    let mut fewer = args("1");
+    fewer.push("--resume".into());
+    let fewer = mtmc(&fewer.iter().map(String::as_str).collect::<Vec<_>>()).failure();
+    assert!(
+        fewer
+            .error
+            .contains("is a committee of 2: resume it with --members 2"),
+        "{}",
+        fewer.error
+    );
+}

@@ -128,6 +128,11 @@ pub struct Run<'a> {
     pub dir: &'a Path,
     /// Continue the checkpoint in `dir`.
     pub resume: bool,
+    /// The committee's other members (folders inside `dir`), named in
+    /// every meta written from the first iteration on: a run killed
+    /// before they are trained leaves a checkpoint that is refused as a
+    /// committee cut short, not one that acts as its first member alone.
+    pub members: Vec<String>,
 }
 
 /// Trains on `device` for `run.iterations` more iterations (to that many
@@ -162,6 +167,7 @@ fn train_with<B: AutodiffBackend>(
         iterations,
         dir,
         resume,
+        members,
     } = run;
     if problems.is_empty() {
         return Err(TrainError::Empty);
@@ -236,7 +242,7 @@ fn train_with<B: AutodiffBackend>(
             iteration: it + 1,
             seed: config.seed,
             version: format!("{}+it{}", env!("CARGO_PKG_VERSION"), it + 1),
-            members: Vec::new(),
+            members: members.clone(),
             ppo: Some(config.clone()),
             problems: Some(digest.clone()),
         };

@@ -270,6 +270,7 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
                     iterations,
                     dir,
                     resume,
+                    members: Vec::new(),
                 },
                 |r| match r.iteration == stop {
                     true => std::ops::ControlFlow::Break(()),
@@ -308,6 +309,7 @@ fn a_seeded_run_is_reproducible_and_a_resumed_run_continues_it_exactly() {
                 iterations,
                 dir: c.path(),
                 resume: true,
+                members: Vec::new(),
             },
             |_| std::ops::ControlFlow::Continue(()),
         )

@@ -2529,6 +2529,10 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
                 iterations: req.iterations,
                 dir: &dir,
                 resume: req.resume && Checkpoint::at(&dir).exists(),
+                members: match k {
+                    1 => (2..=members).map(member_name).collect(),
+                    _ => Vec::new(),
+                },
             },
             |r| {
                 bar.set_position(r.iteration as u64);
@@ -2567,10 +2571,10 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         }));
         if k == 1 {
             rows = member_rows;
-            // The folder's meta names the other members as soon as the
-            // first is trained (the first's training writes a meta of its
-            // own): a committee cut short is refused until `--resume`
-            // finishes it, rather than acting as its first member alone.
+            // The first member's every meta names the others (a
+            // committee cut short is refused until `--resume` finishes
+            // it); one that trained no iteration more here, resumed with
+            // more members, is named them now.
             if checkpoint.exists() {
                 let mut meta = checkpoint.meta()?;
                 meta.members = (2..=members).map(member_name).collect();
