@@ -2235,3 +2235,67 @@ fn a_committee_killed_in_its_first_member_is_refused_until_resumed() {
         fewer.error
     );
 }
+
+/// A checkpoint whose `train` stopped before writing train.json (the
+/// last file, after the reward-to-go model), or that was resumed to more
+/// iterations and stopped, is refused until a resume finishes it.
+#[test]
+fn a_checkpoint_whose_training_did_not_finish_is_refused_until_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = recorded_h100();
+    let tree_s = tree.to_string_lossy().into_owned();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_string_lossy().into_owned();
+    let train = |iterations: &str, resume: bool| {
+        let mut a = vec![
+            "train",
+            "--trajectories",
+            &tree_s,
+            "--out",
+            &ck_s,
+            "--iterations",
+            iterations,
+            "--episodes",
+            "4",
+            "--hidden",
+            "16",
+            "--members",
+            "1",
+        ];
+        if resume {
+            a.push("--resume");
+        }
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let stopped = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        interrupted(&args, |l| l.starts_with("train: "));
+        read_json(&ck.join("meta.json"))["iteration"]
+            .as_u64()
+            .unwrap()
+    };
+    let compare = || mtmc(&["compare", "--trajectories", &tree_s, "--checkpoint", &ck_s]);
+    let done = stopped(train("20000", false));
+    let refused = compare().failure();
+    assert!(
+        refused.error.contains(&format!(
+            "checkpoint `{ck_s}` is not finished: it has no train.json, which `mtmc train` writes last"
+        )),
+        "{}",
+        refused.error
+    );
+    let to = done.to_string();
+    let args = train(&to, true);
+    mtmc(&args.iter().map(String::as_str).collect::<Vec<_>>()).success();
+    assert!(compare().success().stdout.contains("\ntrained "));
+    let further = stopped(train("20000", true));
+    assert!(further > done);
+    let refused = compare().failure();
+    assert!(
+        refused.error.contains(&format!(
+            "checkpoint `{ck_s}` is not finished: its policy has trained {further} iterations, and the run that wrote its train.json trained {done}: run the `mtmc train` that wrote it again with --resume"
+        )),
+        "{}",
+        refused.error
+    );
+}

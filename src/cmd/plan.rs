@@ -122,6 +122,32 @@ impl Considered {
     }
 }
 
+/// Refuses a checkpoint whose `mtmc train` did not finish: `train.json`
+/// is written last, after the reward-to-go model, so a run stopped (or
+/// killed) once its policies were trained but before that would act
+/// without its reward-to-go model; and one resumed to more iterations
+/// and stopped after a few would act as a policy no run finished.
+fn finished(dir: &Path, iteration: usize) -> Result<()> {
+    let path = dir.join("train.json");
+    let fix = "run the `mtmc train` that wrote it again with --resume to finish it";
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        bail!(
+            "checkpoint `{}` is not finished: it has no train.json, which `mtmc train` writes last (after the reward-to-go model): {fix}",
+            dir.display()
+        );
+    };
+    let recorded = serde_json::from_str::<serde_json::Value>(&text)
+        .with_context(|| format!("`{}` is not JSON", path.display()))?["iterations"]
+        .as_u64();
+    match recorded {
+        Some(n) if n as usize != iteration => bail!(
+            "checkpoint `{}` is not finished: its policy has trained {iteration} iterations, and the run that wrote its train.json trained {n}: {fix}",
+            dir.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 impl Choice {
     /// Loads the planner (`seed` drives the random one).
     pub fn load(&self, seed: u64) -> Result<Loaded> {
@@ -150,6 +176,7 @@ impl Choice {
             Choice::Trained(dir) => {
                 let (policy, meta) =
                     Checkpoint::at(dir).load_committee::<Cpu>(&Default::default())?;
+                finished(dir, meta.iteration)?;
                 Loaded {
                     planner: Planner::Trained(Box::new(policy)),
                     rtg: mtmc_planner::rtg::load(dir).map_err(anyhow::Error::msg)?,
