@@ -41,6 +41,34 @@ fn recorded_h100() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(mtmc_planner::store::RECORDED_H100)
 }
 
+/// A small `train` on the recorded H100 tree (4 episodes an iteration,
+/// 16 hidden units) into `out`: its arguments, to run or to stop.
+fn small_train(out: &Path, iterations: &str, members: &str) -> Vec<String> {
+    let tree = recorded_h100();
+    [
+        "train",
+        "--trajectories",
+        tree.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--iterations",
+        iterations,
+        "--episodes",
+        "4",
+        "--hidden",
+        "16",
+        "--members",
+        members,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `mtmc` with arguments held as strings.
+fn mtmc_owned(args: &[String]) -> Run {
+    mtmc(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 /// `mtmc compare --live` on every problem of `store` (`--split all`) with
 /// the checkpoint `ck`, at `budget`, into `out`.
 fn live_args<'a>(store: &'a str, ck: &'a str, budget: &'a str, out: &'a str) -> Vec<&'a str> {
@@ -2071,30 +2099,9 @@ fn rejudge_stopped_by_ctrl_c_says_where_keeps_what_it_judged_and_resumes() {
 #[test]
 fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let tree = recorded_h100();
-    let tree_s = tree.to_string_lossy().into_owned();
     let (ck, whole) = (dir.path().join("ck"), dir.path().join("whole"));
-    let args = |out: &Path, iterations: &str| -> Vec<String> {
-        let out = out.to_string_lossy();
-        [
-            "train",
-            "--trajectories",
-            &tree_s,
-            "--out",
-            &out,
-            "--iterations",
-            iterations,
-            "--episodes",
-            "4",
-            "--hidden",
-            "16",
-            "--members",
-            "2",
-        ]
-        .map(String::from)
-        .to_vec()
-    };
-    let run = |a: &[String]| mtmc(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let args = |out: &Path, iterations: &str| small_train(out, iterations, "2");
+    let run = mtmc_owned;
     // Far more iterations than it has time for: stopped in the first member.
     let long = args(&ck, "20000");
     let long: Vec<&str> = long.iter().map(String::as_str).collect();
@@ -2187,27 +2194,9 @@ fn a_committee_killed_in_its_first_member_is_refused_until_resumed() {
     let tree_s = tree.to_string_lossy().into_owned();
     let ck = dir.path().join("ck");
     let ck_s = ck.to_string_lossy().into_owned();
-    let args = |members: &'static str| {
-        [
-            "train",
-            "--trajectories",
-            &tree_s,
-            "--out",
-            &ck_s,
-            "--iterations",
-            "20000",
-            "--episodes",
-            "4",
-            "--hidden",
-            "16",
-            "--members",
-            members,
-        ]
-        .map(String::from)
-        .to_vec()
-    };
+    let args = |members: &str| small_train(&ck, "20000", members);
     let first = args("2");
-    let mut child = mtmc(&first.iter().map(String::as_str).collect::<Vec<_>>()).spawn();
+    let mut child = mtmc_owned(&first).spawn();
     let t0 = std::time::Instant::now();
     while !ck.join("meta.json").exists() {
         assert!(t0.elapsed().as_secs() < 300, "no checkpoint was written");
@@ -2226,7 +2215,7 @@ fn a_committee_killed_in_its_first_member_is_refused_until_resumed() {
     );
     let mut fewer = args("1");
     fewer.push("--resume".into());
-    let fewer = mtmc(&fewer.iter().map(String::as_str).collect::<Vec<_>>()).failure();
+    let fewer = mtmc_owned(&fewer).failure();
     assert!(
         fewer
             .error
@@ -2247,25 +2236,11 @@ fn a_checkpoint_whose_training_did_not_finish_is_refused_until_resumed() {
     let ck = dir.path().join("ck");
     let ck_s = ck.to_string_lossy().into_owned();
     let train = |iterations: &str, resume: bool| {
-        let mut a = vec![
-            "train",
-            "--trajectories",
-            &tree_s,
-            "--out",
-            &ck_s,
-            "--iterations",
-            iterations,
-            "--episodes",
-            "4",
-            "--hidden",
-            "16",
-            "--members",
-            "1",
-        ];
+        let mut a = small_train(&ck, iterations, "1");
         if resume {
-            a.push("--resume");
+            a.push("--resume".into());
         }
-        a.into_iter().map(String::from).collect::<Vec<_>>()
+        a
     };
     let stopped = |args: Vec<String>| {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -2285,8 +2260,7 @@ fn a_checkpoint_whose_training_did_not_finish_is_refused_until_resumed() {
         refused.error
     );
     let to = done.to_string();
-    let args = train(&to, true);
-    mtmc(&args.iter().map(String::as_str).collect::<Vec<_>>()).success();
+    mtmc_owned(&train(&to, true)).success();
     assert!(compare().success().stdout.contains("\ntrained "));
     let further = stopped(train("20000", true));
     assert!(further > done);
