@@ -2453,7 +2453,8 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     // A resumed committee goes on with every member it has: fewer would
     // leave trained members out of it without a word (more train the new
     // ones, as a run with that many from the start would).
-    let held = match req.resume && checkpoint.exists() {
+    let resuming = req.resume && checkpoint.exists();
+    let held = match resuming {
         true => checkpoint.meta()?.members.len() + 1,
         false => 1,
     };
@@ -2501,10 +2502,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         } else {
             String::new()
         },
-        match (
-            req.resume && checkpoint.exists(),
-            members > held && held > 1
-        ) {
+        match (resuming, members > held) {
             (true, true) => format!(", resuming (the committee of {held} grows to {members})"),
             (true, false) => ", resuming".to_string(),
             (false, _) => String::new(),
