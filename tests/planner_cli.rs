@@ -2142,9 +2142,8 @@ fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() 
     let to = (done + 2).to_string();
     let mut resume = args(&ck, &to);
     resume.push("--resume".into());
-    let mut fewer = resume.clone();
-    let at = fewer.iter().position(|a| a == "--members").unwrap();
-    fewer[at + 1] = "1".into();
+    let mut fewer = small_train(&ck, &to, "1");
+    fewer.push("--resume".into());
     let refused = run(&fewer).failure();
     assert!(
         refused.error.contains(&format!(
@@ -2164,9 +2163,7 @@ fn train_stopped_by_ctrl_c_keeps_every_finished_iteration_and_resumes_exactly() 
         assert_eq!(a, b, "{member}");
     }
     // More members train the new ones only.
-    let mut more = args(&whole, &to);
-    let at = more.iter().position(|a| a == "--members").unwrap();
-    more[at + 1] = "3".into();
+    let mut more = small_train(&whole, &to, "3");
     more.push("--resume".into());
     let grown = run(&more).success();
     assert!(
