@@ -1,11 +1,14 @@
-//! `mtmc optimize`: the template coder and a small built-in search, until
-//! the planner exists. The graph is cut into regions (pointwise chains,
-//! reductions, softmax, norms and pooling, each a kernel; matmuls and
-//! convolutions stay library calls); every launch variant is built step by step (each
-//! fragment compiled alone, rolled back on failure) and judged — an intent
-//! by the native evaluator, a KernelBench problem as an exported `ModelNew`
-//! by the worker, or compiled only without a GPU. The fastest correct
-//! program is written out with a report of every attempt.
+//! `mtmc optimize` without `--planner` (`plan::search` runs the planned
+//! search): the template coder with a small built-in search, or the LLM
+//! coder a step at a time (`--coder llm`, `optimize_problem_llm`). The
+//! graph is cut into regions (pointwise chains, reductions, softmax, norms
+//! and pooling, each a kernel; matrix products and convolutions are library
+//! calls, or GEMM kernels in the variants that ask for them:
+//! `variants_for`); every variant is built step by step (each fragment
+//! compiled alone, rolled back on failure) and judged — an intent by the
+//! native evaluator, a KernelBench problem as an exported `ModelNew` by the
+//! worker, or compiled only without a GPU. The fastest correct program is
+//! written out with a report of every attempt.
 
 use std::path::Path;
 use std::time::Duration;
