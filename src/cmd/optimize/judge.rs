@@ -1,0 +1,226 @@
+//! Judging a KernelBench problem's programs: exported as `ModelNew` files
+//! and run by the worker (the pool across GPUs), or compiled only without
+//! a GPU.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use mtmc_actions::device::find_device;
+use mtmc_actions::graph::OpGraph;
+use mtmc_coder::program::Program;
+use mtmc_env::evaluator::{Candidate, ProblemSource, WorkerSettings};
+use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
+use mtmc_env::pool::WorkerPool;
+
+use super::write;
+use crate::interrupt::Interrupt;
+
+/// Judges a KernelBench problem's programs: as exported `ModelNew` files by
+/// persistent workers (kept across problems; one per GPU when the machine
+/// has several, so that several candidates are in flight at once), or by
+/// compile only when the machine has no GPU.
+pub struct ProblemJudge {
+    pub(crate) gpu: bool,
+    /// Strict mode: every op in a custom kernel, and the worker fails a
+    /// candidate whose forward computes with torch.
+    pub(crate) strict: bool,
+    runtime: tokio::runtime::Runtime,
+    pool: WorkerPool,
+    /// A stop asked for by a signal: the searches read it between rounds
+    /// (a planner's) or variants (the template coder's) and keep nothing
+    /// of the one it came during.
+    stop: Option<Interrupt>,
+}
+
+impl ProblemJudge {
+    /// A judge; `cache_baselines` reads eager and torch.compile timings from
+    /// the cache instead of timing them in this run.
+    /// `strict` keeps every op in a custom kernel (see [`ProblemJudge::strict`]).
+    pub fn new(gpu: bool, timeout: Duration, cache_baselines: bool, strict: bool) -> ProblemJudge {
+        ProblemJudge::with_baselines(gpu, timeout, cache_baselines, &["eager", "compile"], strict)
+    }
+
+    /// A judge timing only `baselines` (exploration needs eager alone).
+    pub fn with_baselines(
+        gpu: bool,
+        timeout: Duration,
+        cache_baselines: bool,
+        baselines: &[&str],
+        strict: bool,
+    ) -> ProblemJudge {
+        let settings = WorkerSettings {
+            strict,
+            baselines: baselines.iter().map(|b| b.to_string()).collect(),
+            baseline_cache: if cache_baselines {
+                crate::source::cache_dir().map(|d| d.join("baselines"))
+            } else {
+                None
+            },
+            limit: timeout,
+            ..WorkerSettings::default()
+        };
+        // One worker per GPU when there are several; otherwise one worker
+        // that sees what the machine has.
+        let gpus = match mtmc_env::probe::driver() {
+            Ok(d) if gpu && d.gpus.len() > 1 => (0..d.gpus.len() as u32).collect(),
+            _ => Vec::new(),
+        };
+        ProblemJudge {
+            gpu,
+            strict,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread runtime starts"),
+            pool: WorkerPool::new(&gpus, &settings),
+            stop: None,
+        }
+    }
+
+    /// The judge, stopping the searches it judges for on `stop`.
+    pub fn stopping_on(mut self, stop: &Interrupt) -> ProblemJudge {
+        self.stop = Some(stop.clone());
+        self
+    }
+
+    /// Whether a stop was asked for.
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop.as_ref().is_some_and(Interrupt::requested)
+    }
+
+    /// Whether a stop was asked for, read apart from the judge (for a
+    /// search that lends the judge to its judging closure).
+    pub(crate) fn stop_flag(&self) -> impl Fn() -> bool + 'static {
+        let stop = self.stop.clone();
+        move || stop.as_ref().is_some_and(Interrupt::requested)
+    }
+
+    /// Judges one candidate of `problem`: the Python program `code`
+    /// (a `ModelNew`), labelled `name` in the worker's messages.
+    pub(crate) fn judge_code(
+        &mut self,
+        problem: &ProblemSource,
+        name: String,
+        code: String,
+    ) -> Result<Outcome> {
+        let candidate = Candidate::Python { name, code };
+        let mut results = self
+            .runtime
+            .block_on(self.pool.evaluate_all(problem, vec![candidate]));
+        Ok(results.remove(0).result?)
+    }
+
+    /// Candidates judged at once: one per worker (GPU).
+    pub fn in_flight(&self) -> usize {
+        if self.gpu {
+            self.pool.evaluators().len()
+        } else {
+            1
+        }
+    }
+}
+
+/// Writes `program` of graph `g` (the rewritten one when `rewritten`) as
+/// the `ModelNew` of the problem with PyTorch code `code`, to
+/// `dir/model_new.py`; names what it wrote.
+pub(crate) fn write_model_new(
+    dir: &Path,
+    g: &OpGraph,
+    program: &Program,
+    code: &str,
+    rewritten: bool,
+) -> Result<&'static str> {
+    let text = mtmc_coder::export::to_model_new(g, program, code).map_err(anyhow::Error::msg)?;
+    write(dir, "model_new.py", &text)?;
+    Ok(if rewritten {
+        "model_new.py (rewritten graph)"
+    } else {
+        "model_new.py"
+    })
+}
+
+/// The problem as the worker takes it; an error when its code is missing
+/// (a built-in trace only), which a ModelNew needs. Every command but
+/// `optimize` checks its problems before it starts.
+pub(crate) fn problem_source(p: &mtmc_actions::problem::Problem) -> Result<ProblemSource> {
+    crate::source::require_code("optimize", &[p])?;
+    Ok(ProblemSource {
+        name: format!("{}.py", p.name),
+        code: p.code.clone(),
+        graph: None,
+    })
+}
+
+/// Judges one program of problem `code`'s graph `g`: as an exported
+/// `ModelNew` by the worker, or (no GPU) as compiled, since every fragment
+/// compiled when it was proposed.
+pub(crate) fn judge_program(
+    judge: &mut ProblemJudge,
+    problem: &ProblemSource,
+    g: &OpGraph,
+    code: &str,
+    program: &Program,
+    label: &str,
+    specs: &[mtmc_actions::device::DeviceSpec],
+) -> Result<Outcome> {
+    let mut all = judge_programs(
+        judge,
+        problem,
+        code,
+        &[(g, program, label.to_string())],
+        specs,
+    )?;
+    Ok(all.remove(0))
+}
+
+/// Judges several programs (each of its graph) at once, each on whichever
+/// worker (GPU) is free first; the outcomes come back in the programs'
+/// order.
+pub(crate) fn judge_programs(
+    judge: &mut ProblemJudge,
+    problem: &ProblemSource,
+    code: &str,
+    programs: &[(&OpGraph, &Program, String)],
+    specs: &[mtmc_actions::device::DeviceSpec],
+) -> Result<Vec<Outcome>> {
+    let mut candidates = Vec::new();
+    for (g, program, label) in programs {
+        let code =
+            mtmc_coder::export::to_model_new(g, program, code).map_err(anyhow::Error::msg)?;
+        candidates.push(Candidate::Python {
+            name: format!("model_new {label}"),
+            code,
+        });
+    }
+    if !judge.gpu {
+        return Ok(programs
+            .iter()
+            .map(|_| Outcome::new(EvaluatorKind::CompileOnly, Status::CompiledOnly))
+            .collect());
+    }
+    let results = judge
+        .runtime
+        .block_on(judge.pool.evaluate_all(problem, candidates));
+    results
+        .into_iter()
+        .zip(programs)
+        .map(|(d, (g, _, _))| {
+            let mut o = d.result?;
+            add_roofline(&mut o, g, specs);
+            Ok(o)
+        })
+        .collect()
+}
+
+/// The roofline of the graph on the outcome's GPU, under the math the
+/// problem allows (convolutions at TF32 only where the reference's were).
+pub(super) fn add_roofline(
+    o: &mut Outcome,
+    g: &OpGraph,
+    specs: &[mtmc_actions::device::DeviceSpec],
+) {
+    if let Some(spec) = find_device(specs, o.device.as_deref().unwrap_or("")) {
+        o.add_roofline(g, spec);
+    }
+}

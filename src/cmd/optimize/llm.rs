@@ -1,0 +1,283 @@
+//! `optimize --coder llm`: the LLM coder writes each region as one step,
+//! with repair steps and the critique of each outcome.
+
+use std::path::Path;
+
+use anyhow::Result;
+use mtmc_actions::device::{builtin_devices, find_device};
+use mtmc_actions::graph::OpGraph;
+use mtmc_coder::MicroCoder;
+use mtmc_coder::action::{Action, ActionKind, Params};
+use mtmc_coder::program::Program;
+use mtmc_coder::session::{Session, Stage};
+use mtmc_env::nvrtc::Arch;
+use mtmc_env::outcome::{Outcome, Status};
+
+use super::build::regions;
+use super::judge::{ProblemJudge, judge_program, problem_source, write_model_new};
+use super::variants::{Found, conclude, library_ops};
+use super::{Critic, LlmRun, Summary};
+
+/// Optimizes one KernelBench problem with the LLM coder, a step at a time
+/// (see `llm_search`); the report and the best `ModelNew` go to `out_dir`.
+pub fn optimize_problem_llm(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    out_dir: &Path,
+    llm: &LlmRun,
+) -> Result<Summary> {
+    let problem = problem_source(p)?;
+    let specs = builtin_devices();
+    let regions = regions(g, true, true)?;
+    writeln!(
+        out,
+        "{p}: {} region(s) for the LLM coder ({}), {} repair(s) each; {}",
+        regions.len(),
+        llm.client.config().model,
+        llm.repairs,
+        if judge.gpu {
+            "each step judged by the worker against the PyTorch model"
+        } else {
+            "judged by compile only (no GPU: nothing is run or timed)"
+        }
+    )?;
+    let stopped = judge.stop_flag();
+    let mut found = llm_search(out, g, &regions, llm, false, &stopped, |program, label| {
+        judge_program(judge, &problem, g, &p.code, program, label, &specs)
+    })?;
+    if found.best.is_none() && !found.interrupted {
+        // No kernel program was correct: every op a torch call.
+        let o = judge_program(
+            judge,
+            &problem,
+            g,
+            &p.code,
+            &Program::default(),
+            "call-library",
+            &specs,
+        )?;
+        found.judged += 1;
+        if o.status == Status::Correct || o.status == Status::CompiledOnly {
+            found.correct += usize::from(o.status == Status::Correct);
+            let ms = o.runtime.as_ref().map_or(f64::INFINITY, |r| r.mean_ms);
+            writeln!(
+                out,
+                "  call-library (every op a torch call): {}",
+                mtmc_coder::critique::rules(&o)
+            )?;
+            found.best = Some((ms, Program::default(), Params::default(), o.clone()));
+        }
+        found
+            .attempts
+            .push(serde_json::json!({"call_library": true, "outcome": o}));
+    }
+    let summary = Summary {
+        kernels: found.best.as_ref().map_or(0, |b| b.1.fragments.len()),
+        library_calls: found
+            .best
+            .as_ref()
+            .map_or(0, |b| library_ops(g, &b.1).len()),
+        variants: 1,
+        judged: found.judged,
+        correct: found.correct,
+        best: found.best.as_ref().map(|b| b.3.clone()),
+        params: found.best.as_ref().map(|b| b.2),
+        interrupted: found.interrupted,
+    };
+    conclude(out, out_dir, &p.full_name(), found, g, |program| {
+        write_model_new(out_dir, g, program, &p.code, false)
+    })?;
+    Ok(summary)
+}
+
+/// The LLM coder's search: each region in turn, as one step (a custom
+/// kernel, or a fused one); a step that does not compile gets up to
+/// `repairs` fix-compile steps with the compiler log, one judged wrong up
+/// to `repairs` fix-correctness steps with the verdict; a region that
+/// stays without a kernel stays torch calls. Each step's program is judged
+/// (with `whole`, only once every region has a kernel: a program judged
+/// natively has no torch to fall back on) and the critique of its outcome
+/// goes back to the coder with the best program so far. A coder that halts
+/// (the endpoint is down) ends the search with what it found; so does
+/// `stopped` (a signal), between two steps, keeping nothing of the step in
+/// flight (`Found::interrupted`). The reply of that step's call is in the
+/// LLM store all the same, so that running the search again reuses it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn llm_search(
+    out: &mut dyn std::io::Write,
+    g: &OpGraph,
+    regions: &[Vec<u32>],
+    llm: &LlmRun,
+    whole: bool,
+    stopped: &dyn Fn() -> bool,
+    mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
+) -> Result<Found> {
+    use mtmc_coder::critique::{LlmCritic, rules};
+    use mtmc_coder::llm::{LlmCoder, program_text};
+    let coder = LlmCoder::new(llm.client.clone());
+    let mut session = Session::new(g, &coder, Arch::SM90);
+    // The planner's structured diagnosis goes to the coder with the critique.
+    let specs = builtin_devices();
+    let spec = find_device(&specs, "H100").unwrap_or(&specs[0]);
+    let bound = mtmc_planner::features::Problem::new("", g, regions.len(), spec).bound();
+    let mut found = Found::default();
+    let mut step = 0;
+    'regions: for region in regions {
+        let mut action = Action::kernel_for(region.clone(), Params::default());
+        let mut repairs = llm.repairs;
+        loop {
+            if stopped() {
+                found.interrupted = true;
+                break 'regions;
+            }
+            step += 1;
+            let label = format!("step {step}: {:?} {:?}", action.kind, action.region);
+            let proposed = session.propose(&action);
+            if stopped() {
+                // Not judged: a program that only compiled (with `whole`)
+                // is not kept either.
+                writeln!(out, "  {label}: interrupted, not kept")?;
+                found.interrupted = true;
+                break 'regions;
+            }
+            let program = match proposed {
+                Ok(p) => p,
+                Err(f) => {
+                    let stage = match f.stage {
+                        Stage::Refused => "no kernel",
+                        Stage::Compile => "does not compile, rolled back",
+                        Stage::Outcome => "wrong, rolled back",
+                    };
+                    let first = f.log.lines().next().unwrap_or("");
+                    writeln!(out, "  {label}: {stage}: {first}")?;
+                    found
+                        .attempts
+                        .push(serde_json::json!({"step": step, "failure": f}));
+                    if let Some(why) = session.coder().halted() {
+                        writeln!(out, "  the LLM coder stopped: {why}")?;
+                        break 'regions;
+                    }
+                    if f.stage == Stage::Compile && repairs > 0 {
+                        repairs -= 1;
+                        action.kind = ActionKind::FixCompile;
+                        continue;
+                    }
+                    writeln!(out, "  region {:?} stays torch calls", action.region)?;
+                    break;
+                }
+            };
+            if whole && !program.missing(g).is_empty() {
+                // Not judgeable yet: kept as compiled.
+                writeln!(out, "  {label}: compiled")?;
+                session.accept(program);
+                break;
+            }
+            let o = judge(&program, &label);
+            if stopped() {
+                // The signal reaches the judging processes too: this
+                // outcome may be their end, not the program's.
+                writeln!(out, "  {label}: interrupted, not kept")?;
+                found.interrupted = true;
+                break 'regions;
+            }
+            let o = o?;
+            found.judged += 1;
+            let ruled = rules(&o);
+            // The program as prompt text, for the model's critique and the
+            // best-so-far context only.
+            let code = || program_text(g, &program);
+            let by_model = match llm.critic {
+                Critic::Rules => None,
+                Critic::Llm | Critic::Both => {
+                    match LlmCritic::new(&llm.client).critique(&o, &code()) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            writeln!(
+                                out,
+                                "  the LLM critic failed ({e}); the rule-based critique stands"
+                            )?;
+                            None
+                        }
+                    }
+                }
+            };
+            let diagnosis = mtmc_planner::critique::Diagnosis::of(&o, bound);
+            let critique = format!(
+                "{}\ndiagnosis: {}",
+                match (&by_model, llm.critic) {
+                    (Some(m), Critic::Llm | Critic::Both) => m,
+                    _ => &ruled,
+                },
+                diagnosis.text()
+            );
+            writeln!(out, "  {label}: {ruled}")?;
+            if llm.verbose {
+                writeln!(out, "    critique: {}", critique.replace('\n', "\n    "))?;
+            }
+            found.attempts.push(serde_json::json!({
+                "step": step,
+                "action": action,
+                "outcome": o,
+                "critique_rules": ruled,
+                "critique_llm": by_model,
+                "diagnosis": diagnosis,
+            }));
+            let good = matches!(o.status, Status::Correct | Status::CompiledOnly);
+            if good {
+                found.correct += usize::from(o.status == Status::Correct);
+                let ms = o.runtime.as_ref().map_or(f64::INFINITY, |r| r.mean_ms);
+                // Without a GPU nothing is timed: the latest program that
+                // compiled (the one with most kernels) stands.
+                let better = found
+                    .best
+                    .as_ref()
+                    .is_none_or(|b| ms < b.0 || !b.0.is_finite());
+                let best_text = better.then(|| format!("{ruled}\n{}", code()));
+                session.coder().observe(&mtmc_coder::Note::Judged {
+                    action: &action,
+                    critique: &critique,
+                    best: best_text.as_deref(),
+                });
+                if better {
+                    found.best = Some((ms, program.clone(), Params::default(), o.clone()));
+                }
+                session.accept(program);
+                break;
+            }
+            session.coder().observe(&mtmc_coder::Note::Judged {
+                action: &action,
+                critique: &critique,
+                best: None,
+            });
+            session.reject(&action, &program, ruled);
+            if repairs > 0 && o.status != Status::Timeout {
+                repairs -= 1;
+                action.kind = ActionKind::FixCorrectness;
+                continue;
+            }
+            writeln!(out, "  region {:?} stays torch calls", action.region)?;
+            break;
+        }
+    }
+    let s = llm.client.stats();
+    writeln!(
+        out,
+        "llm: {} call(s), {} request(s) ({} retried), {} from the cache, {} failed; {} prompt + {} reply tokens{}",
+        s.calls,
+        s.requests,
+        s.retries,
+        s.cache_hits,
+        s.failures,
+        s.tokens_in,
+        s.tokens_out,
+        if s.cost_usd > 0.0 {
+            format!(", ${:.4}", s.cost_usd)
+        } else {
+            String::new()
+        }
+    )?;
+    found.attempts.push(serde_json::json!({"llm": s}));
+    Ok(found)
+}
