@@ -241,15 +241,14 @@ fn pointer_params(g: &OpGraph, inputs: &[TensorRef], ptr: &str) -> Vec<String> {
         .collect()
 }
 
-/// The prologue for `chain`, whose only result must be read by nothing
-/// but the kernel it is fused into.
-pub fn prologue(
+/// The inputs and the one result of `chain`, fused in front of `reader`:
+/// refused unless the chain has one result and nothing but `reader` (and
+/// the chain itself) reads any of its values.
+pub(crate) fn prologue_boundary(
     g: &OpGraph,
     chain: &[NodeId],
     reader: NodeId,
-    name: &str,
-) -> Result<Prologue, Refusal> {
-    fusable_chain(g, chain, "in front of")?;
+) -> Result<(Vec<TensorRef>, TensorRef), Refusal> {
     let (inputs, outputs) = boundary(g, chain);
     let read_elsewhere = chain.iter().any(|&n| {
         g.consumers(n)
@@ -261,6 +260,19 @@ pub fn prologue(
             "a fused prologue must have one result, read only by the kernel after it",
         ));
     };
+    Ok((inputs, output))
+}
+
+/// The prologue for `chain`, whose only result must be read by nothing
+/// but the kernel it is fused into.
+pub fn prologue(
+    g: &OpGraph,
+    chain: &[NodeId],
+    reader: NodeId,
+    name: &str,
+) -> Result<Prologue, Refusal> {
+    fusable_chain(g, chain, "in front of")?;
+    let (inputs, output) = prologue_boundary(g, chain, reader)?;
     if g.outputs().contains(&output) {
         return Err(Refusal::new("the prologue's result is a graph output"));
     }

@@ -44,7 +44,7 @@ use mtmc_actions::graph::{NodeId, OpGraph, TensorRef};
 use mtmc_actions::op::Op;
 
 use super::Refusal;
-use super::pointwise::{boundary, shape};
+use super::pointwise::{prologue_boundary, shape};
 use crate::MicroCoder;
 use crate::action::{Action, ActionKind};
 use crate::program::{Fragment, Lang, Launch, Program};
@@ -252,17 +252,7 @@ impl Loader {
         name: &str,
         wide: bool,
     ) -> Result<Loader, Refusal> {
-        let (inputs, outputs) = boundary(g, chain);
-        let read_elsewhere = chain.iter().any(|&n| {
-            g.consumers(n)
-                .iter()
-                .any(|c| *c != reader && !chain.contains(c))
-        });
-        let (&[output], false) = (&outputs[..], read_elsewhere) else {
-            return Err(Refusal::new(
-                "a fused prologue must have one result, read only by the kernel after it",
-            ));
-        };
+        let (inputs, output) = prologue_boundary(g, chain, reader)?;
         if g.outputs().contains(&output) || g.inputs(reader).first() != Some(&output) {
             return Err(Refusal::new(
                 "the prologue's result must be the row kernel's input and no graph output",
