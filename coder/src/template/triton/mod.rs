@@ -12,7 +12,7 @@
 //!   1`, else a program per `(outer, tile of columns)` over `[BK, BI]`
 //!   tiles; a row of up to [`WHOLE_ROW`] elements is read once; a sum,
 //!   mean, max or min over few long lines cuts each line into runs
-//!   combined atomically ([`Split`](rows::Split));
+//!   combined atomically (`rows::Split`);
 //! - layer, RMS, group and instance norm (batch statistics) with their
 //!   scale and shift, and L1 / L2 normalization over the last dim, a
 //!   program per normalized group; batch norm with
