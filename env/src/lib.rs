@@ -4,11 +4,11 @@
 //! - [`python`]: finding the Python interpreter that has torch;
 //! - [`evaluator`]: the `Evaluator` interface and the worker and
 //!   compile-only evaluators; [`outcome`]: what an evaluation found;
-//! - [`bench`]: the candidates `mtmc bench-env` times;
+//! - [`mod@bench`]: the candidates `mtmc bench-env` times;
 //! - [`pool`]: one worker per GPU, candidates dispatched concurrently;
 //! - [`native`]: CUDA programs with a launch plan, run through cudarc in a
 //!   child process and checked against the f64 reference;
-//! - [`reference`]: the f64 CPU reference of any output element;
+//! - [`mod@reference`]: the f64 CPU reference of any output element;
 //! - [`nvrtc`]: compiling CUDA C++ with NVRTC (no GPU needed): logs,
 //!   diagnostics, per-kernel resources, occupancy;
 //! - [`probe`]: what `mtmc doctor` reports (GPU and driver, NVRTC, Python

@@ -3,7 +3,7 @@
 //!
 //! The trace records calls as the user wrote them (leaf `nn` modules, torch
 //! functions, tensor methods) with the type of every result. The mapping from
-//! those calls to [`Op`]s lives in [`calls`]; every call it does not know, or
+//! those calls to [`Op`]s lives in `calls`; every call it does not know, or
 //! whose arguments it cannot read, becomes an [`Op::Opaque`] node with the
 //! traced types, so the graph never loses a step of the model.
 

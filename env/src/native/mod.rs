@@ -4,7 +4,7 @@
 //! The child is the `mtmc` binary itself (`mtmc native-worker`), speaking the
 //! same JSON lines as the Python worker, so it gets the same supervision: a
 //! wall-clock limit, a restart after a hang or a fatal CUDA error, no
-//! network. Inside it ([`run`]): NVRTC compiles the source for the GPU's
+//! network. Inside it (`run`): NVRTC compiles the source for the GPU's
 //! architecture; inputs are drawn fresh for every trial (uniform, never
 //! zeros); outputs and scratch buffers are poisoned (all bits set, NaN for
 //! floats) before every run; the sampled and edge elements of every output
