@@ -140,13 +140,16 @@ pub(crate) enum Command {
         #[arg(long, value_name = "FILE", value_parser = parse_json_out)]
         json: Option<PathBuf>,
     },
-    /// Write kernels with the template coder and a small built-in search.
-    /// Today: pointwise chains fused into kernels; reductions, softmax,
+    /// Write kernels for a problem or an intent: the template coder with a
+    /// small built-in search, or with a planned search (--planner random,
+    /// greedy, exhaustive or a trained checkpoint, within --budget
+    /// evaluations), or an LLM coder (--coder llm). The template coder
+    /// writes pointwise chains fused into kernels; reductions, softmax,
     /// norms and pooling as kernels of their own; matmuls and convolutions
     /// as library calls or fp32 GEMM / implicit-GEMM kernels with their
-    /// epilogue fused; attention as a library call. Launch variants are judged on the GPU (an intent
-    /// natively, a KernelBench problem as an exported ModelNew by the
-    /// worker), or compiled only without a GPU.
+    /// epilogue fused; attention as a library call. Candidates are judged
+    /// on the GPU (an intent natively, a KernelBench problem as an exported
+    /// ModelNew by the worker), or compiled only without a GPU.
     Optimize {
         #[command(flatten)]
         subject: SubjectArgs,
