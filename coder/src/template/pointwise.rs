@@ -482,6 +482,29 @@ fn rename_coord(expr: &str, d: usize, to: &str) -> String {
     out
 }
 
+/// A region's inputs and outputs ([`boundary`]), and the shape its
+/// outputs share.
+pub(super) type Edges = (Vec<TensorRef>, Vec<TensorRef>, Vec<u64>);
+
+/// A pointwise region's [`boundary`] and the shape every output has, or
+/// why no pointwise kernel writes the region: nothing reads its results,
+/// or its outputs differ in shape.
+pub(super) fn one_shape_boundary(g: &OpGraph, region: &[NodeId]) -> Result<Edges, Refusal> {
+    let (inputs, outputs) = boundary(g, region);
+    if outputs.is_empty() {
+        return Err(Refusal::new("nothing reads the region's results"));
+    }
+    let full = shape(g, outputs[0]);
+    if let Some(t) = outputs.iter().find(|&&t| shape(g, t) != full) {
+        return Err(Refusal::new(format!(
+            "the region's outputs differ in shape ({} and {}): split it",
+            g.tensor(outputs[0]),
+            g.tensor(*t)
+        )));
+    }
+    Ok((inputs, outputs, full))
+}
+
 /// The region's tensors read from outside it, and its outputs: tensors
 /// read outside it or that are graph outputs.
 pub(crate) fn boundary(g: &OpGraph, region: &[NodeId]) -> (Vec<TensorRef>, Vec<TensorRef>) {
@@ -597,18 +620,7 @@ pub fn generate(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Re
             )));
         }
     }
-    let (inputs, outputs) = boundary(g, &region);
-    if outputs.is_empty() {
-        return Err(Refusal::new("nothing reads the region's results"));
-    }
-    let full = shape(g, outputs[0]);
-    if let Some(t) = outputs.iter().find(|&&t| shape(g, t) != full) {
-        return Err(Refusal::new(format!(
-            "the region's outputs differ in shape ({} and {}): split it",
-            g.tensor(outputs[0]),
-            g.tensor(*t)
-        )));
-    }
+    let (inputs, outputs, full) = one_shape_boundary(g, &region)?;
     for &n in &region {
         let s = shape(g, TensorRef::first(n));
         if !broadcasts(&s, &full) {

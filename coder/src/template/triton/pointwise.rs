@@ -8,7 +8,7 @@ use mtmc_actions::graph::OpGraph;
 use crate::action::Action;
 use crate::program::{Fragment, Lang, Launch};
 use crate::template::Refusal;
-use crate::template::pointwise::{boundary, shape};
+use crate::template::pointwise::one_shape_boundary;
 
 use super::expr::{chain_body, check_pointwise};
 use super::{grid, program_id, vector_width};
@@ -21,18 +21,7 @@ pub(super) fn pointwise(
     warps: u32,
 ) -> Result<Fragment, Refusal> {
     let region = action.nodes();
-    let (inputs, outputs) = boundary(g, &region);
-    if outputs.is_empty() {
-        return Err(Refusal::new("nothing reads the region's results"));
-    }
-    let full = shape(g, outputs[0]);
-    if let Some(t) = outputs.iter().find(|&&t| shape(g, t) != full) {
-        return Err(Refusal::new(format!(
-            "the region's outputs differ in shape ({} and {}): split it",
-            g.tensor(outputs[0]),
-            g.tensor(*t)
-        )));
-    }
+    let (inputs, outputs, full) = one_shape_boundary(g, &region)?;
     check_pointwise(g, &region, &full)?;
     let vector = action.params.vector;
     vector_width(vector)?;
