@@ -604,7 +604,7 @@ fn eval_on_the_cpu_judges_candidates_and_keeps_going_after_a_cheat() {
         "--candidate",
         &format!("{cheats}/falls_back.py"),
         "--candidate",
-        &format!("{cheats}/patches_timer.py"),
+        &format!("{cheats}/counts_calls.py"),
         "--candidate",
         &format!("{cheats}/honest.py"),
     ])
@@ -618,14 +618,27 @@ fn eval_on_the_cpu_judges_candidates_and_keeps_going_after_a_cheat() {
         ),
         "{s}"
     );
-    assert!(s.contains("patches_timer.py: incorrect (worker)\n  why: the candidate replaced time.perf_counter, torch.cuda.Event"), "{s}");
     assert!(
-        s.contains("honest.py: correct (worker)\n  5 correctness trial(s), max abs error 0.000e0"),
+        s.contains("counts_calls.py: incorrect (worker)\n  why: on call "),
+        "{s}"
+    );
+    assert!(s.contains("  failed check: timed_call\n"), "{s}");
+    assert!(
+        s.contains("honest.py: correct (worker)\n  apart from the judge: a process of its own"),
+        "{s}"
+    );
+    assert!(
+        s.contains("  6 correctness trial(s), max abs error 0.000e0"),
+        "{s}"
+    );
+    assert!(
+        s.contains("  inputs from a normal distribution: passed\n"),
         "{s}"
     );
     assert!(s.contains("(5 trials, host)"), "{s}");
+    // A cheat costs its runner only: one judge for all three.
     assert!(
-        s.ends_with("L1/1_Small_ReLU: 3 candidate(s), 2 worker start(s)\n"),
+        s.ends_with("L1/1_Small_ReLU: 3 candidate(s), 1 worker start(s)\n"),
         "{s}"
     );
     // The eager baseline went to the cache, keyed by problem, device and torch.

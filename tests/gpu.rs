@@ -350,7 +350,7 @@ fn family_problems_are_correct_on_the_gpu_in_triton() {
 }
 
 #[test]
-fn eager_is_timed_beside_the_candidate_on_the_gpu_and_a_slowed_reference_is_not_believed() {
+fn eager_is_timed_beside_the_candidate_on_the_gpu_and_a_candidate_cannot_slow_it() {
     let Some(_alone) = gpu_alone() else {
         return;
     };
@@ -378,17 +378,12 @@ fn eager_is_timed_beside_the_candidate_on_the_gpu_and_a_slowed_reference_is_not_
     let outcomes = v.as_array().unwrap_or_else(|| panic!("{v}"));
     let honest = &outcomes[0]["outcome"]["baselines"]["eager"];
     assert_eq!(honest["paired"], true, "{honest}");
+    // Its patch of every `Model` it finds reaches none: the reference runs
+    // in a process of its own, and eager beside it stays paired.
     let cheat = &outcomes[1]["outcome"];
     assert_eq!(cheat["status"], "correct", "{cheat}");
     let eager = &cheat["baselines"]["eager"];
-    assert!(eager.get("paired").is_none(), "{eager}");
-    assert!(
-        eager["why"]
-            .as_str()
-            .unwrap()
-            .contains("beside the candidate"),
-        "{eager}"
-    );
+    assert_eq!(eager["paired"], true, "{eager}");
     let speedup =
         eager["mean_ms"].as_f64().unwrap() / cheat["runtime"]["mean_ms"].as_f64().unwrap();
     assert!(speedup < 2.0, "{speedup}");

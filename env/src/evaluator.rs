@@ -181,6 +181,7 @@ impl WorkerEvaluator {
             "strict": s.strict,
             "references": if s.recompute_references { "recompute" } else { "auto" },
             "paired_eager": s.paired_eager,
+            "limit_seconds": if op == "prepare" { s.prepare_limit } else { s.limit }.as_secs_f64(),
         })
     }
 

@@ -54,6 +54,9 @@ pub enum Status {
     Crashed,
     /// It compiled; nothing was run (no GPU, or compile-only asked for).
     CompiledOnly,
+    /// It passed every check, but its time is below what the GPU can do at
+    /// all ([`Outcome::add_roofline`]): not a speedup, whatever it printed.
+    Implausible,
 }
 
 impl Status {
@@ -67,6 +70,7 @@ impl Status {
             Status::Timeout => "timeout",
             Status::Crashed => "crashed",
             Status::CompiledOnly => "compiled_only",
+            Status::Implausible => "implausible",
         }
     }
 
@@ -74,7 +78,7 @@ impl Status {
     pub fn ran(self) -> bool {
         matches!(
             self,
-            Status::Correct | Status::Incorrect | Status::RuntimeError
+            Status::Correct | Status::Incorrect | Status::RuntimeError | Status::Implausible
         )
     }
 }
@@ -94,7 +98,11 @@ pub struct Timing {
     pub max_ms: f64,
     /// Timed trials.
     pub trials: u32,
-    /// `cuda_events`, or `host` where there was no GPU (tests).
+    /// How the calls were timed: `judge` (the judge's spans of calls in the
+    /// candidate's own process, on a GPU), `cuda_events` (events in the
+    /// process that ran the calls: the native evaluator, and outcomes
+    /// recorded before the judge ran candidates apart), or `host` where
+    /// there was no GPU (tests).
     #[serde(default = "cuda_events")]
     pub clock: String,
 }
@@ -263,6 +271,52 @@ pub struct Achieved {
     pub device: String,
 }
 
+/// What kept the candidate from the judge, and what the judge checked,
+/// as the worker reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Integrity {
+    /// What held between the candidate's process and the judge (`a process
+    /// of its own`, `user id N`, the Landlock rules).
+    #[serde(default)]
+    pub confinement: Vec<String>,
+    /// The trial on inputs from a normal distribution: `passed`, or why it
+    /// was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub second_distribution: Option<String>,
+    /// Calls in the timing phase (warm-ups, timed, checked and watched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u32>,
+    /// Warm-up calls among them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<u32>,
+    /// Calls whose outputs the judge compared, chosen at random.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<u32>,
+    /// Calls run with the watchers on (torch ops, swallowed exceptions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watched: Option<u32>,
+    /// The span of a call that does nothing, subtracted from every call's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub null_ms: Option<f64>,
+    /// The judge's step after a call of the reference's (median): what a
+    /// call's own step takes beyond it is work left running, and counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal_ms: Option<f64>,
+    /// The judge's L2 flush while the candidate's process lived (median).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_ms: Option<f64>,
+    /// The native evaluator: the seed of the output elements it sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_seed: Option<u64>,
+    /// Implausible: the time no implementation can beat on this GPU, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_ms: Option<f64>,
+}
+
+/// Times below the floor divided by this are implausible: the datasheet's
+/// peak rates with a quarter to spare.
+pub const PLAUSIBLE_MARGIN: f64 = 1.25;
+
 /// Everything one evaluation found.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
@@ -321,6 +375,14 @@ pub struct Outcome {
     /// outputs kept for the checks, and was judged once more without them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub references_recomputed: bool,
+    /// The check that failed (`correctness_trial`, `second_distribution`,
+    /// `timed_call`, `mutation`, `fallback`, `strict`, `scaled_parameters`,
+    /// `work_between_calls`, `implausible`), where one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_check: Option<String>,
+    /// What kept the candidate apart and what was checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<Integrity>,
 }
 
 impl Outcome {
@@ -344,11 +406,17 @@ impl Outcome {
             phases: BTreeMap::new(),
             reference_tf32: false,
             references_recomputed: false,
+            failed_check: None,
+            integrity: None,
         }
     }
 
-    /// Baseline mean over the candidate's mean, when both were timed.
+    /// Baseline mean over the candidate's mean, when both were timed and
+    /// the time is plausible.
     pub fn speedup_vs(&self, baseline: &str) -> Option<f64> {
+        if self.status == Status::Implausible {
+            return None;
+        }
         let b = self.baselines.get(baseline)?.timing.as_ref()?;
         Some(b.mean_ms / self.runtime.as_ref()?.mean_ms)
     }
@@ -370,9 +438,28 @@ impl Outcome {
     /// device's roofline under [`Outcome::problem_math`], when the
     /// candidate was timed on a GPU. Bytes are the fused minimum (inputs,
     /// parameters and outputs once).
+    ///
+    /// A correct outcome whose time is below [`plausible_floor`] divided by
+    /// [`PLAUSIBLE_MARGIN`] becomes [`Status::Implausible`], with the floor
+    /// in its integrity report and its figures kept.
     pub fn add_roofline(&mut self, graph: &OpGraph, device: &DeviceSpec) {
         let Some(rt) = &self.runtime else { return };
-        if rt.clock != "cuda_events" || rt.mean_ms <= 0.0 {
+        if !matches!(rt.clock.as_str(), "cuda_events" | "judge") {
+            return;
+        }
+        let floor_ms = plausible_floor(graph, device) * 1e3;
+        if self.status == Status::Correct && rt.mean_ms < floor_ms / PLAUSIBLE_MARGIN {
+            self.status = Status::Implausible;
+            self.failed_check = Some("implausible".into());
+            self.why = Some(format!(
+                "{:.4} ms a call is below what the {} can do at all: {floor_ms:.4} ms at its peak rates (fastest math the tolerance allows, outputs beyond L2 written once), with a margin of {PLAUSIBLE_MARGIN}x; the time is not counted",
+                rt.mean_ms, device.name
+            ));
+            self.integrity
+                .get_or_insert_with(Integrity::default)
+                .floor_ms = Some(floor_ms);
+        }
+        if rt.mean_ms <= 0.0 {
             return;
         }
         let roof = roofline(graph, device, self.problem_math());
@@ -385,6 +472,74 @@ impl Outcome {
             device: device.name.clone(),
         });
     }
+}
+
+/// Seconds no implementation of `graph` can beat on `device`: its FLOPs at
+/// the fastest math a float problem's tolerance could allow (TF32 or half
+/// precision on tensor cores; convolutions left out, which Winograd and FFT
+/// algorithms compute with fewer), or writing the outputs that do not fit in
+/// L2 once at peak bandwidth (outputs that are views of inputs left out),
+/// (a reshape, transpose, broadcast, slice or `contiguous` can return its
+/// input), whichever is longer. Every figure is the datasheet's, so a real kernel
+/// stays above it.
+pub fn plausible_floor(graph: &OpGraph, device: &DeviceSpec) -> f64 {
+    use mtmc_actions::op::{Layout, Op, OpClass};
+    let fastest = MathMode {
+        allow_tf32: true,
+        conv_tf32: true,
+        split_tf32: false,
+    };
+    let mut compute_s = 0.0;
+    for (id, node) in graph.nodes() {
+        if node.op.class() == OpClass::Conv {
+            continue;
+        }
+        let cost = mtmc_actions::cost::node_cost(graph, id);
+        if !cost.exact {
+            continue;
+        }
+        let dtype = graph
+            .inputs(id)
+            .first()
+            .map(|&t| graph.tensor(t).dtype)
+            .or_else(|| node.outputs.first().map(|t| t.dtype))
+            .unwrap_or(mtmc_actions::DType::F32);
+        compute_s += cost.flops as f64 / device.rate(node.op.class(), dtype, fastest);
+    }
+    let mut written: Vec<_> = graph.outputs().to_vec();
+    written.sort_by_key(|t| (t.node, t.output));
+    written.dedup();
+    let mut out_bytes = 0u64;
+    for t in written {
+        let mut node = t.node;
+        // A view of a source writes nothing.
+        loop {
+            let n = graph.node(node);
+            if n.op.is_source() {
+                break;
+            }
+            if !matches!(
+                n.op,
+                Op::Layout(
+                    Layout::Reshape
+                        | Layout::Permute { .. }
+                        | Layout::Expand
+                        | Layout::Slice { .. }
+                        | Layout::Copy
+                )
+            ) {
+                out_bytes += graph.tensor(t).bytes();
+                break;
+            }
+            match graph.inputs(node).first() {
+                Some(src) => node = src.node,
+                None => break,
+            }
+        }
+    }
+    let l2 = device.l2_mib * 1024.0 * 1024.0;
+    let memory_s = (out_bytes as f64 - l2).max(0.0) / device.bandwidth();
+    compute_s.max(memory_s)
 }
 
 #[cfg(test)]
@@ -413,6 +568,86 @@ mod tests {
         assert!(c.rel_to_scale.unwrap().is_nan());
         let bad = c.first_bad.unwrap();
         assert_eq!((bad.expected, bad.got.is_nan()), (0.25, true));
+    }
+
+    fn timed(mean_ms: f64, clock: &str) -> Outcome {
+        let mut o = Outcome::new(EvaluatorKind::Worker, Status::Correct);
+        o.runtime = Some(Timing {
+            mean_ms,
+            median_ms: mean_ms,
+            std_ms: 0.0,
+            min_ms: mean_ms,
+            max_ms: mean_ms,
+            trials: 100,
+            clock: clock.into(),
+        });
+        o
+    }
+
+    /// L1/19: ReLU over 4096 × 393216 floats, 6.4 GB written.
+    fn relu_graph(reshape_only: bool) -> OpGraph {
+        use mtmc_actions::op::{Layout, Op, UnaryOp};
+        use mtmc_actions::{DType, TensorType};
+        let t = TensorType::new(vec![4096, 393216], DType::F32);
+        let mut g = OpGraph::new();
+        let x = g.add_input("x", t.clone());
+        let op = if reshape_only {
+            Op::Layout(Layout::Reshape)
+        } else {
+            Op::Unary(UnaryOp::Relu)
+        };
+        let y = g.add("y", op, &[x], vec![t]);
+        g.set_outputs(vec![mtmc_actions::TensorRef::first(y.unwrap())]);
+        g
+    }
+
+    #[test]
+    fn a_time_below_what_the_gpu_can_do_is_implausible_and_never_a_speedup() {
+        let specs = mtmc_actions::device::builtin_devices();
+        let h200 = mtmc_actions::device::find_device(&specs, "H200").unwrap();
+        let g = relu_graph(false);
+        // Writing 6.4 GB less the 60 MiB of L2 at 4.8 TB/s.
+        let floor = plausible_floor(&g, h200) * 1e3;
+        let expected = (4096.0 * 393216.0 * 4.0 - 60.0 * 1024.0 * 1024.0) / 4.8e12 * 1e3;
+        assert!((floor - expected).abs() < 1e-9, "{floor} vs {expected}");
+        // An honest ReLU (3.1 ms on an H200) stands.
+        let mut honest = timed(3.1, "judge");
+        honest.baselines.insert(
+            "eager".into(),
+            Baseline {
+                timing: honest.runtime.clone(),
+                ..Baseline::default()
+            },
+        );
+        honest.add_roofline(&g, h200);
+        assert_eq!(honest.status, Status::Correct);
+        assert_eq!(honest.speedup_vs("eager"), Some(1.0));
+        // 146x faster than that is below the floor with its margin.
+        let mut fast = timed(3.1 / 146.0, "judge");
+        fast.baselines = honest.baselines.clone();
+        fast.add_roofline(&g, h200);
+        assert_eq!(fast.status, Status::Implausible);
+        assert_eq!(fast.failed_check.as_deref(), Some("implausible"));
+        assert_eq!(fast.speedup_vs("eager"), None);
+        assert!(fast.runtime.is_some(), "the figures are kept");
+        let why = fast.why.unwrap();
+        assert!(why.contains("below what the H200 can do at all"), "{why}");
+        assert!((fast.integrity.unwrap().floor_ms.unwrap() - floor).abs() < 1e-12);
+        // Just above the floor with its margin: not refused.
+        let mut edge = timed(floor / PLAUSIBLE_MARGIN * 1.01, "judge");
+        edge.add_roofline(&g, h200);
+        assert_eq!(edge.status, Status::Correct);
+        // Host timings (tests on the CPU) are never judged against a GPU.
+        let mut host = timed(1e-6, "host");
+        host.add_roofline(&g, h200);
+        assert_eq!(host.status, Status::Correct);
+    }
+
+    #[test]
+    fn an_output_that_is_a_view_of_an_input_has_no_floor() {
+        let specs = mtmc_actions::device::builtin_devices();
+        let h200 = mtmc_actions::device::find_device(&specs, "H200").unwrap();
+        assert_eq!(plausible_floor(&relu_graph(true), h200), 0.0);
     }
 
     /// L2/57's convolution: 128 × 8 × 128 × 128 in, 64 channels of 3 × 3.

@@ -769,6 +769,13 @@ impl Rng {
         lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
     }
 
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u = self.uniform(f64::MIN_POSITIVE, 1.0);
+        let v = self.uniform(0.0, 1.0);
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+
     /// Uniform in [0, n).
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize

@@ -18,12 +18,17 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::outcome::{
-    BadElement, Baseline, Correctness, EvaluatorKind, KernelReport, Outcome, Status, Timing,
+    BadElement, Baseline, Correctness, EvaluatorKind, Integrity, KernelReport, Outcome, Status,
+    Timing,
 };
 use crate::python;
 
-/// The worker script, shipped inside the binary.
-pub const WORKER_SCRIPT: &str = include_str!("../python/worker.py");
+/// The judge's script, shipped inside the binary.
+pub const JUDGE_SCRIPT: &str = include_str!("../python/judge.py");
+
+/// The runner's script (the only place candidate code runs), shipped inside
+/// the binary and handed to the judge as its first argument.
+pub const RUNNER_SCRIPT: &str = include_str!("../python/runner.py");
 
 /// Lines of the worker's stderr kept for error messages.
 const STDERR_TAIL: usize = 20;
@@ -91,8 +96,9 @@ pub enum Isolation {
 pub const NETWORK_ENV: &str = "MTMC_WORKER_NETWORK";
 
 /// Whether this machine lets workers run without a network: tries
-/// `unshare --net` as an unprivileged user (with a user namespace), then as
-/// root. Probed once per process.
+/// `unshare --net` as root (no user namespace, so that the judge can give a
+/// candidate's process a user id of its own), then as an unprivileged user
+/// (with a user namespace). Probed once per process.
 pub fn network_isolation() -> Isolation {
     static PROBE: std::sync::OnceLock<Isolation> = std::sync::OnceLock::new();
     PROBE
@@ -101,7 +107,7 @@ pub fn network_isolation() -> Isolation {
                 return Isolation::None(format!("{NETWORK_ENV}=allow"));
             }
             let candidates: [&'static [&'static str]; 2] =
-                [&["--net", "--map-root-user"], &["--net"]];
+                [&["--net"], &["--net", "--map-root-user"]];
             let mut last = String::from("unshare is not installed");
             for flags in candidates {
                 match std::process::Command::new("unshare")
@@ -156,6 +162,23 @@ pub struct Worker {
     stdout: Lines<BufReader<ChildStdout>>,
     stderr: Arc<Mutex<VecDeque<String>>>,
     next_id: u64,
+    token: String,
+}
+
+/// 128 random bits, as hex: the token a worker's replies must echo.
+fn new_token() -> String {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
+        // No /dev/urandom: the clock and the process id, which nothing in a
+        // candidate's process can read back either.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes = (now ^ (u128::from(std::process::id()) << 64)).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Worker {
@@ -211,6 +234,7 @@ impl Worker {
             stdout,
             stderr,
             next_id: 1,
+            token: new_token(),
         })
     }
 
@@ -229,6 +253,7 @@ impl Worker {
         let id = self.next_id;
         self.next_id += 1;
         request["id"] = json!(id);
+        request["token"] = json!(self.token);
         let line = serde_json::to_string(&request).expect("a JSON value serializes") + "\n";
         let exchange = async {
             if self.stdin.write_all(line.as_bytes()).await.is_err()
@@ -250,6 +275,12 @@ impl Worker {
         };
         let reply: Value = serde_json::from_str(&reply)
             .map_err(|e| WorkerError::Protocol(format!("reply is not JSON: {e}")))?;
+        if reply["token"] != json!(self.token) {
+            let _ = self.child.kill().await;
+            return Err(WorkerError::Protocol(
+                "a reply without this worker's token (a line written into its channel by something else); the worker was stopped".into(),
+            ));
+        }
         if reply["id"] != json!(id) {
             return Err(WorkerError::Protocol(format!(
                 "reply to request {} while waiting for {id}",
@@ -298,12 +329,14 @@ pub struct Launcher {
 }
 
 impl Launcher {
-    /// The Python worker (`worker.py`, shipped inside the binary) run by
-    /// `python`.
+    /// The judge (`judge.py`, shipped inside the binary, with the runner's
+    /// source as its argument) run by `python`.
     pub fn python(python: OsString) -> Launcher {
         Launcher {
             program: python,
-            args: ["-u", "-c", WORKER_SCRIPT].map(OsString::from).to_vec(),
+            args: ["-u", "-c", JUDGE_SCRIPT, RUNNER_SCRIPT]
+                .map(OsString::from)
+                .to_vec(),
             hint: format!("set {} to a Python with torch", python::PYTHON_ENV),
         }
     }
@@ -439,8 +472,6 @@ struct Reply {
     #[serde(default)]
     torch_ops: BTreeMap<String, u32>,
     #[serde(default)]
-    replace_worker: bool,
-    #[serde(default)]
     reference_seconds: Option<f64>,
     #[serde(default)]
     check_seconds: Option<f64>,
@@ -448,6 +479,10 @@ struct Reply {
     timing_seconds: Option<f64>,
     #[serde(default)]
     reference_tf32: bool,
+    #[serde(default)]
+    failed_check: Option<String>,
+    #[serde(default)]
+    integrity: Option<Integrity>,
 }
 
 /// A float, or the worker's spelling of a non-finite one (`"inf"`,
@@ -474,6 +509,8 @@ impl Reply {
             "compile_error" => Status::CompileError,
             "runtime_error" => Status::RuntimeError,
             "not_run" => Status::CompiledOnly,
+            "timeout" => Status::Timeout,
+            "crashed" => Status::Crashed,
             other => return Err(WorkerError::Protocol(format!("unknown status `{other}`"))),
         };
         let mut o = Outcome::new(EvaluatorKind::Worker, status);
@@ -497,6 +534,8 @@ impl Reply {
         o.runtime = self.runtime;
         o.baselines = self.baselines;
         o.reference_tf32 = self.reference_tf32;
+        o.failed_check = self.failed_check;
+        o.integrity = self.integrity;
         o.kernels = self.kernels;
         // Triton kernels say their block (num_warps × 32): their occupancy
         // follows from registers and shared memory. cupy's do not (the block
@@ -534,9 +573,9 @@ impl Reply {
     }
 }
 
-/// Runs one `eval` request. A timeout or a crash becomes an outcome
-/// (`timeout`, `crashed`), and the slot starts a fresh worker for the next
-/// candidate; so does a reply that says the process is no longer clean.
+/// Runs one `eval` request. A timeout or a crash of the worker itself becomes
+/// an outcome (`timeout`, `crashed`), and the slot starts a fresh worker for
+/// the next candidate.
 pub async fn run_eval(
     slot: &mut WorkerSlot,
     request: Value,
@@ -551,9 +590,6 @@ pub async fn run_eval(
         Ok(result) => {
             let reply: Reply = serde_json::from_value(result)
                 .map_err(|e| WorkerError::Protocol(format!("unreadable outcome: {e}")))?;
-            if reply.replace_worker {
-                slot.discard();
-            }
             reply.into_outcome()
         }
         Err(e @ WorkerError::Timeout(_)) => Ok(lost(Status::Timeout, &e)),

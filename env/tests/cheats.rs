@@ -1,8 +1,10 @@
-//! The worker's checks on the CPU, with real torch: every cheat that can be
-//! shown without a GPU is caught, an honest candidate passes, and a patched
-//! process is replaced. Needs a Python with torch: `$MTMC_TEST_PYTHON`
-//! (scripts/test installs one and sets `MTMC_EXPECT_TORCH=1`, which turns a
-//! missing torch into a failure instead of a skip).
+//! The judge on the CPU, with real torch: every cheat that can be shown
+//! without a GPU is caught (each candidate in `tests/cheats/` says what it
+//! tries), honest work passes, and nothing a candidate does reaches the
+//! judge, the reference, the baselines or the next candidate. Needs a Python
+//! with torch: `$MTMC_TEST_PYTHON` (scripts/test installs one and sets
+//! `MTMC_EXPECT_TORCH=1`, which turns a missing torch into a failure instead
+//! of a skip).
 
 use std::ffi::OsString;
 
@@ -60,10 +62,127 @@ fn evaluator_with(
 }
 
 async fn eval(ev: &mut WorkerEvaluator, problem_file: &str, candidate_file: &str) -> Outcome {
-    ev.evaluate(&problem(problem_file), &candidate(candidate_file))
-        .await
-        .unwrap_or_else(|e| panic!("{candidate_file}: {e}"))
+    judge(ev, problem_file, &candidate(candidate_file)).await
 }
+
+async fn judge(ev: &mut WorkerEvaluator, problem_file: &str, c: &Candidate) -> Outcome {
+    ev.evaluate(&problem(problem_file), c)
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", c.name()))
+}
+
+/// Every cheat, with the check that must catch it and a piece of the
+/// reason the judge gives.
+const CAUGHT: &[(&str, &str, &str, &str)] = &[
+    (
+        "problem_relu.py",
+        "mutates_input.py",
+        "mutation",
+        "modified input 0",
+    ),
+    (
+        "problem_relu.py",
+        "caches_output.py",
+        "",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "keys_on_identity.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "lazy_tensor.py",
+        "correctness_trial",
+        "returned _Lazy, not a plain torch.Tensor",
+    ),
+    (
+        "problem_relu.py",
+        "half_precision.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "falls_back.py",
+        "fallback",
+        "caught an exception and went on (RuntimeError: kernel launch failed",
+    ),
+    (
+        "problem_relu.py",
+        "falls_back_elsewhere.py",
+        "fallback",
+        "(in fast_relu, line 6)",
+    ),
+    (
+        "problem_relu.py",
+        "patches_reference.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "patches_judge.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "copies_expected.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "returns_empty.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "defers_to_thread.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "defers_to_process.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "forges_reply.py",
+        "correctness_trial",
+        "values differ beyond tolerance",
+    ),
+    (
+        "problem_relu.py",
+        "counts_calls.py",
+        "timed_call",
+        "the judge chose at random and compared after it returned",
+    ),
+    (
+        "problem_relu_positive.py",
+        "returns_input.py",
+        "second_distribution",
+        "on inputs drawn from a normal distribution",
+    ),
+    (
+        "problem_tiny_outputs.py",
+        "zeros.py",
+        "correctness_trial",
+        "of the output's scale: within atol only because the outputs are small",
+    ),
+    (
+        "problem_linear.py",
+        "freezes_weights.py",
+        "scaled_parameters",
+        "after its parameters were scaled in place by 0.5",
+    ),
+];
 
 #[tokio::test]
 async fn every_cpu_cheat_is_caught_and_honest_work_passes() {
@@ -72,7 +191,7 @@ async fn every_cpu_cheat_is_caught_and_honest_work_passes() {
 }
 
 /// The same checks when the reference outputs are recomputed for every
-/// check (what the worker does when they do not fit on the GPU).
+/// check (what the judge does when they do not fit on the GPU).
 #[tokio::test]
 async fn every_cpu_cheat_is_caught_with_recomputed_references() {
     let Some(python) = torch_python() else { return };
@@ -83,88 +202,295 @@ async fn every_cpu_cheat_is_caught_with_recomputed_references() {
 }
 
 async fn every_cheat_is_caught(mut ev: WorkerEvaluator) {
-    let cases = [
-        ("problem_relu.py", "mutates_input.py", "modified input 0"),
-        (
-            "problem_relu.py",
-            "caches_output.py",
-            "after timing, on new values in the same input buffers",
-        ),
-        (
-            "problem_relu.py",
-            "lazy_tensor.py",
-            "returned _Lazy, not a plain torch.Tensor",
-        ),
-        (
-            "problem_relu.py",
-            "half_precision.py",
-            "values differ beyond tolerance",
-        ),
-        (
-            "problem_relu.py",
-            "falls_back.py",
-            "caught an exception and went on (RuntimeError: kernel launch failed",
-        ),
-        (
-            "problem_relu.py",
-            "patches_reference.py",
-            "replaced torch.relu",
-        ),
-        (
-            "problem_relu.py",
-            "patches_timer.py",
-            "replaced time.perf_counter, torch.cuda.Event",
-        ),
-        (
-            "problem_tiny_outputs.py",
-            "zeros.py",
-            "of the output's scale: within atol only because the outputs are small",
-        ),
-        (
-            "problem_linear.py",
-            "freezes_weights.py",
-            "after its parameters were scaled in place by 0.5",
-        ),
-    ];
-    for (p, c, why) in cases {
+    for &(p, c, check, why) in CAUGHT {
         let o = eval(&mut ev, p, c).await;
         assert_eq!(o.status, Status::Incorrect, "{c}: {o:?}");
         let got = o.why.clone().unwrap_or_default();
         assert!(got.contains(why), "{c}: expected `{why}` in `{got}`");
+        if !check.is_empty() {
+            assert_eq!(o.failed_check.as_deref(), Some(check), "{c}: {o:?}");
+        }
         assert!(
             o.runtime.is_none(),
             "{c}: an incorrect candidate has no timing"
         );
+        let confinement = &o
+            .integrity
+            .as_ref()
+            .expect("an integrity report")
+            .confinement;
+        assert!(
+            confinement.iter().any(|c| c == "a process of its own"),
+            "{c}: {confinement:?}"
+        );
     }
-    // Both patches cost a worker; the honest candidate after them runs in a
-    // clean process, and its reference is unaffected by the patched relu.
-    let starts = ev.slot.starts;
+    // None of them cost the judge: it is the one it started with, and an
+    // honest candidate after them is judged as ever.
     let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
     assert_eq!(o.status, Status::Correct, "{o:?}");
-    assert_eq!(
-        ev.slot.starts, starts,
-        "the honest candidate reused the worker"
-    );
+    assert_eq!(ev.slot.starts, 1, "the judge was never replaced");
     let c = o.correctness.as_ref().unwrap();
-    assert_eq!(c.trials, 5);
+    // KernelBench's five trials and the one on normal inputs.
+    assert_eq!(c.trials, 6);
     assert_eq!(c.max_abs_err, Some(0.0));
-    assert_eq!(o.runtime.as_ref().unwrap().trials, 5);
-    assert_eq!(o.runtime.as_ref().unwrap().clock, "host");
+    let runtime = o.runtime.as_ref().unwrap();
+    assert_eq!(runtime.trials, 5);
+    assert_eq!(runtime.clock, "host");
     assert!(o.baselines["eager"].timing.is_some());
-    assert_eq!(o.torch_ops.get("aten.clamp"), Some(&1), "{:?}", o.torch_ops);
-    assert!(
-        ev.slot.starts >= 3,
-        "two patches, two replaced workers: {}",
-        ev.slot.starts
+    assert!(o.torch_ops.contains_key("aten.clamp"), "{:?}", o.torch_ops);
+    let integrity = o.integrity.as_ref().unwrap();
+    assert_eq!(integrity.second_distribution.as_deref(), Some("passed"));
+    let (calls, checked, warmup) = (
+        integrity.calls.unwrap(),
+        integrity.checked.unwrap(),
+        integrity.warmup.unwrap(),
     );
+    assert!((3..=6).contains(&warmup), "{integrity:?}");
+    assert!(checked >= 6, "{integrity:?}");
+    assert!(calls >= warmup + 5 + checked, "{integrity:?}");
     // Weights derived from the parameters and kept until a parameter's
     // version counter moves pass the check that catches frozen ones.
     let o = eval(&mut ev, "problem_linear.py", "folds_weights.py").await;
     assert_eq!(o.status, Status::Correct, "{o:?}");
 }
 
+/// A candidate whose clocks and synchronization are all replaced in its own
+/// process is timed by the judge all the same: 30 ms a call.
+#[tokio::test]
+async fn patched_clocks_do_not_change_the_time() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    let o = eval(&mut ev, "problem_relu.py", "patches_timer.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    let runtime = o.runtime.unwrap();
+    assert!(runtime.min_ms > 25.0, "{runtime:?}");
+}
+
+/// Honest, then every exploit, then honest again: the two honest verdicts
+/// and speedups agree (a candidate that wraps whatever writes replies, or
+/// slows the reference, reaches neither).
+#[tokio::test]
+async fn an_honest_candidate_is_judged_the_same_before_and_after_every_exploit() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    let before = eval(&mut ev, "problem_slow_relu.py", "honest_slow.py").await;
+    assert_eq!(before.status, Status::Correct, "{before:?}");
+    for c in [
+        "wraps_reply.py",
+        "slows_reference.py",
+        "patches_judge.py",
+        "patches_timer.py",
+        "forges_reply.py",
+        "copies_expected.py",
+        "defers_to_thread.py",
+        "mutates_input.py",
+    ] {
+        eval(&mut ev, "problem_slow_relu.py", c).await;
+    }
+    let after = eval(&mut ev, "problem_slow_relu.py", "honest_slow.py").await;
+    assert_eq!(after.status, Status::Correct, "{after:?}");
+    let (a, b) = (
+        before.speedup_vs("eager").unwrap(),
+        after.speedup_vs("eager").unwrap(),
+    );
+    // Both a 20 ms sleep against eager's 20 ms sleep: about 1 each.
+    assert!((0.8..1.25).contains(&a), "before: {a}");
+    assert!((0.8..1.25).contains(&b), "after: {b}");
+    assert_eq!(ev.slot.starts, 1);
+}
+
+/// The baseline cache is the judge's: a candidate that tries to rewrite it
+/// or plant a file beside it changes nothing there.
+#[tokio::test]
+async fn a_candidate_cannot_write_the_baseline_cache() {
+    let Some(python) = torch_python() else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    ev.settings.baseline_cache = Some(cache.path().to_path_buf());
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    let files = || {
+        let mut v: Vec<(String, String)> = std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                (
+                    p.file_name().unwrap().to_string_lossy().into_owned(),
+                    std::fs::read_to_string(&p).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let kept = files();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let code = file("writes_cache.py")
+        .replace("BASELINE_CACHE_FOLDER", &cache.path().display().to_string());
+    let writer = Candidate::Python {
+        name: "writes_cache.py".into(),
+        code,
+    };
+    let o = judge(&mut ev, "problem_relu.py", &writer).await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert_eq!(files(), kept, "the cache changed");
+}
+
+#[tokio::test]
+async fn strict_mode_fails_torch_compute_on_any_watched_call() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, true, Duration::from_secs(120));
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Incorrect);
+    assert_eq!(
+        o.why.as_deref(),
+        Some(
+            "strict mode: the forward computes with torch (aten.clamp) on KernelBench's correctness trials"
+        )
+    );
+    // Torch only after the first call: the later watched calls see it.
+    let o = eval(&mut ev, "problem_relu.py", "torch_after_first.py").await;
+    assert_eq!(o.status, Status::Incorrect, "{o:?}");
+    assert_eq!(o.failed_check.as_deref(), Some("strict"), "{o:?}");
+    assert!(
+        o.why.as_deref().unwrap_or_default().contains("aten.relu"),
+        "{o:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_hang_an_exit_and_a_segfault_each_cost_one_candidate() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(20));
+    let hang = Candidate::Python {
+        name: "hangs.py".into(),
+        code: "import time, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        time.sleep(600)\n".into(),
+    };
+    let o = judge(&mut ev, "problem_relu.py", &hang).await;
+    assert_eq!(o.status, Status::Timeout, "{o:?}");
+    assert!(
+        o.error
+            .unwrap()
+            .contains("did not return in time (limit 20 s)"),
+        "timeout"
+    );
+    let crash = Candidate::Python {
+        name: "crashes.py".into(),
+        code: "import os, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        os._exit(9)\n".into(),
+    };
+    let o = judge(&mut ev, "problem_relu.py", &crash).await;
+    assert_eq!(o.status, Status::Crashed, "{o:?}");
+    let error = o.error.unwrap();
+    assert!(error.contains("exited with status 9"), "{error}");
+    let segfault = Candidate::Python {
+        name: "segfaults.py".into(),
+        code: "import ctypes, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ctypes.string_at(0)\n".into(),
+    };
+    let o = judge(&mut ev, "problem_relu.py", &segfault).await;
+    assert_eq!(o.status, Status::Crashed, "{o:?}");
+    let error = o.error.unwrap();
+    assert!(error.contains("killed by SIGSEGV"), "{error}");
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct);
+    assert_eq!(
+        ev.slot.starts, 1,
+        "faults cost the candidate, not the judge"
+    );
+}
+
+#[tokio::test]
+async fn candidate_errors_at_load_are_compile_errors_and_keep_their_error_line() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(60));
+    let raises = Candidate::Python {
+        name: "raises.py".into(),
+        code: "print('noise on stdout')\nraise ValueError('boom')\n".into(),
+    };
+    let o = judge(&mut ev, "problem_relu.py", &raises).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    assert_eq!(o.error.as_deref(), Some("ValueError: boom"));
+    let empty = Candidate::Python {
+        name: "empty.py".into(),
+        code: "y = 2\n".into(),
+    };
+    let o = judge(&mut ev, "problem_relu.py", &empty).await;
+    assert_eq!(
+        o.error.as_deref(),
+        Some("NameError: the candidate defines no ModelNew class")
+    );
+    // A compiler's log where warnings before and after the error fill more
+    // than the 2,000 characters an error keeps: the error line (and the
+    // critique's line number and kind with it) must survive the cut.
+    let log = Candidate::Python {
+        name: "log.py".into(),
+        code: r#"
+warn = 'k.cu(40): warning #177-D: variable "b_off" was declared but never referenced\n    const long long b_off = 0;\n    ^\n'
+log = warn * 40 + 'k.cu(343): error: declaration is incompatible with previous "smem" (declared at line 29)\n    extern __shared__ unsigned char smem[];\n    ^\n' + warn * 40 + '1 error detected in the compilation of "k.cu".'
+raise RuntimeError(log)
+"#
+        .into(),
+    };
+    let o = judge(&mut ev, "problem_relu.py", &log).await;
+    assert_eq!(o.status, Status::CompileError);
+    let error = o.error.unwrap();
+    assert!(error.chars().count() <= 2000, "{} chars", error.len());
+    assert!(
+        error.starts_with("RuntimeError: k.cu(40): warning"),
+        "{error}"
+    );
+    assert!(
+        error.contains("k.cu(343): error: declaration is incompatible with previous \"smem\""),
+        "{error}"
+    );
+    assert!(
+        error.ends_with("1 error detected in the compilation of \"k.cu\"."),
+        "{error}"
+    );
+    assert_eq!(ev.slot.starts, 1);
+}
+
+/// A fault of the judge itself (here the problem's own code, which the
+/// judge runs, exits or hangs) costs a worker, and the next request gets a
+/// fresh one.
+#[tokio::test]
+async fn a_judge_that_dies_or_hangs_is_replaced() {
+    let Some(python) = torch_python() else { return };
+    let mut ev = evaluator(python, false, Duration::from_secs(60));
+    ev.settings.prepare_limit = Duration::from_secs(30);
+    let dies = ProblemSource {
+        name: "dies.py".into(),
+        code: file("problem_relu.py")
+            + "\nimport os, sys\nprint('about to die', file=sys.stderr)\nos._exit(7)\n",
+        graph: None,
+    };
+    let e = ev
+        .evaluate(&dies, &candidate("honest.py"))
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("exit status: 7") && text.contains("about to die"),
+        "{text}"
+    );
+    let hangs = ProblemSource {
+        name: "hangs.py".into(),
+        code: file("problem_relu.py") + "\nimport time\ntime.sleep(600)\n",
+        graph: None,
+    };
+    ev.settings.prepare_limit = Duration::from_secs(5);
+    let e = ev
+        .evaluate(&hangs, &candidate("honest.py"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no reply within 5s"), "{e}");
+    ev.settings.prepare_limit = Duration::from_secs(120);
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert_eq!(ev.slot.starts, 3);
+}
+
 /// A candidate that runs out of GPU memory beside the reference outputs
-/// the worker keeps is judged once more with them recomputed for each
+/// the judge keeps is judged once more with them recomputed for each
 /// check; the next candidate is judged with them kept again.
 #[tokio::test]
 async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomputed() {
@@ -189,49 +515,6 @@ async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomput
 }
 
 #[tokio::test]
-async fn strict_mode_fails_torch_compute() {
-    let Some(python) = torch_python() else { return };
-    let mut ev = evaluator(python, true, Duration::from_secs(120));
-    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
-    assert_eq!(o.status, Status::Incorrect);
-    assert_eq!(
-        o.why.as_deref(),
-        Some("strict mode: the forward computes with torch (aten.clamp)")
-    );
-}
-
-#[tokio::test]
-async fn a_hang_an_exit_and_a_segfault_each_cost_one_candidate() {
-    let Some(python) = torch_python() else { return };
-    let mut ev = evaluator(python, false, Duration::from_secs(20));
-    let hang = Candidate::Python {
-        name: "hangs.py".into(),
-        code: "import time, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        time.sleep(600)\n".into(),
-    };
-    let p = problem("problem_relu.py");
-    let o = ev.evaluate(&p, &hang).await.unwrap();
-    assert_eq!(o.status, Status::Timeout, "{o:?}");
-    assert!(o.error.unwrap().contains("no reply within 20s"));
-    let crash = Candidate::Python {
-        name: "crashes.py".into(),
-        code: "import os, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        os._exit(9)\n".into(),
-    };
-    let o = ev.evaluate(&p, &crash).await.unwrap();
-    assert_eq!(o.status, Status::Crashed, "{o:?}");
-    assert!(o.error.unwrap().contains("exit status: 9"));
-    let segfault = Candidate::Python {
-        name: "segfaults.py".into(),
-        code: "import ctypes, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return ctypes.string_at(0)\n".into(),
-    };
-    let o = ev.evaluate(&p, &segfault).await.unwrap();
-    assert_eq!(o.status, Status::Crashed, "{o:?}");
-    assert!(o.error.unwrap().contains("signal: 11"));
-    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
-    assert_eq!(o.status, Status::Correct);
-    assert_eq!(ev.slot.starts, 4);
-}
-
-#[tokio::test]
 async fn a_nan_in_the_output_is_the_first_bad_element() {
     let Some(python) = torch_python() else { return };
     let mut ev = evaluator(python, false, Duration::from_secs(120));
@@ -239,10 +522,7 @@ async fn a_nan_in_the_output_is_the_first_bad_element() {
         name: "nan.py".into(),
         code: "import torch, torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        y = torch.relu(x)\n        y[3, 5] = float('nan')\n        return y\n".into(),
     };
-    let o = ev
-        .evaluate(&problem("problem_relu.py"), &nan)
-        .await
-        .unwrap();
+    let o = judge(&mut ev, "problem_relu.py", &nan).await;
     assert_eq!(o.status, Status::Incorrect);
     let c = o.correctness.unwrap();
     let bad = c.first_bad.unwrap();
@@ -252,7 +532,7 @@ async fn a_nan_in_the_output_is_the_first_bad_element() {
 }
 
 #[tokio::test]
-async fn eager_is_timed_beside_the_candidate_and_a_reference_slowed_by_it_is_not_believed() {
+async fn eager_is_timed_beside_the_candidate_and_a_candidate_cannot_slow_it() {
     let Some(python) = torch_python() else { return };
     let mut ev = evaluator(python.clone(), false, Duration::from_secs(120));
     // Beside an honest candidate: eager's paired timing is the baseline,
@@ -276,20 +556,21 @@ async fn eager_is_timed_beside_the_candidate_and_a_reference_slowed_by_it_is_not
     );
     assert!(alone > 19.0 && paired <= alone * 1.05, "{eager:?}");
     assert_eq!(eager.timing.as_ref().unwrap().trials, 5);
-    // A candidate whose code made the reference's forward sleep: eager
-    // beside it is 20 ms slower, so its time alone is the baseline, and
-    // the speedup is the honest one (about 1), not hundreds.
-    let o = eval(&mut ev, "problem_relu.py", "slows_reference.py").await;
+    // A candidate whose code makes every `Model` it finds sleep 20 ms finds
+    // none: the reference runs in a process of its own, and eager beside
+    // it takes what it takes alone.
+    let mut o = eval(&mut ev, "problem_slow_relu.py", "slows_reference.py").await;
+    for _ in 0..2 {
+        if o.baselines["eager"].paired {
+            break;
+        }
+        o = eval(&mut ev, "problem_slow_relu.py", "slows_reference.py").await;
+    }
     assert_eq!(o.status, Status::Correct, "{o:?}");
     let eager = &o.baselines["eager"];
-    assert!(!eager.paired, "{eager:?}");
-    let why = eager.why.as_deref().unwrap_or_default();
-    assert!(
-        why.contains("beside the candidate") && why.contains("its time alone is the baseline"),
-        "{why}"
-    );
-    let speedup = o.speedup_vs("eager").unwrap();
-    assert!(speedup < 20.0, "speedup {speedup} from a slowed reference");
+    assert!(eager.paired, "{eager:?}");
+    let paired = eager.timing.as_ref().unwrap().mean_ms;
+    assert!(paired < 30.0, "{eager:?}");
     // Without pairing (`mtmc eval --eager-alone`), eager's time alone.
     let mut ev = evaluator(python, false, Duration::from_secs(120));
     ev.settings.paired_eager = false;

@@ -15,7 +15,13 @@ use common::torch_python;
 #[tokio::test]
 async fn two_workers_judge_candidates_at_the_same_time() {
     let Some(python) = torch_python() else { return };
-    let log = tempfile::NamedTempFile::new().unwrap();
+    // In /dev/shm: a candidate's process may write under /dev and its own
+    // scratch folder only (Landlock), as any user (the file is open to all).
+    let log = tempfile::Builder::new().tempfile_in("/dev/shm").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(log.path(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
     let problem = ProblemSource {
         name: "problem_relu.py".into(),
         code: std::fs::read_to_string(concat!(

@@ -191,7 +191,13 @@ impl Diagnosis {
             Status::Crashed,
             Status::CompiledOnly,
         ];
-        f.extend(statuses.iter().map(|&s| f32::from(self.status == s)));
+        // An implausible time reads as incorrect: the feature set (and the
+        // checkpoints trained on it) predates the status.
+        let status = match self.status {
+            Status::Implausible => Status::Incorrect,
+            s => s,
+        };
+        f.extend(statuses.iter().map(|&s| f32::from(status == s)));
         let kinds = [
             CompileKind::Undefined,
             CompileKind::Syntax,

@@ -63,7 +63,8 @@ impl Reward {
     pub fn of(&self, d: &Diagnosis, best: Option<f64>) -> f64 {
         let status = match d.status {
             Status::CompileError => self.build_failed,
-            Status::Incorrect => self.wrong,
+            // A time no GPU can reach is a wrong program, whatever it printed.
+            Status::Incorrect | Status::Implausible => self.wrong,
             Status::RuntimeError | Status::Timeout | Status::Crashed => self.crashed,
             Status::CompiledOnly => self.compiled,
             // Running correctly earns once, for the first correct program:

@@ -415,6 +415,30 @@ fn write_json(path: Option<&Path>, outcomes: &[serde_json::Value]) -> Result<()>
     Ok(())
 }
 
+/// What kept the candidate apart from the judge and what the judge checked.
+fn print_integrity(out: &mut dyn std::io::Write, i: &mtmc_env::outcome::Integrity) -> Result<()> {
+    if !i.confinement.is_empty() {
+        writeln!(out, "  apart from the judge: {}", i.confinement.join("; "))?;
+    }
+    if let (Some(calls), Some(warmup), Some(checked)) = (i.calls, i.warmup, i.checked) {
+        write!(
+            out,
+            "  {calls} timed-phase calls on fresh inputs ({warmup} warm-ups), {checked} compared at random after they returned"
+        )?;
+        match i.null_ms {
+            Some(null) => writeln!(out, "; {null:.4} ms a call that does nothing, subtracted")?,
+            None => writeln!(out)?,
+        }
+    }
+    if let Some(second) = &i.second_distribution {
+        writeln!(out, "  inputs from a normal distribution: {second}")?;
+    }
+    if let Some(seed) = i.sample_seed {
+        writeln!(out, "  sampled output elements: seed {seed}")?;
+    }
+    Ok(())
+}
+
 /// Prints one outcome in a few lines; `--json` keeps everything.
 pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Result<()> {
     writeln!(
@@ -429,11 +453,17 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
             writeln!(out, "  {label}: {}", v.lines().next().unwrap_or_default())?;
         }
     }
+    if let Some(check) = &o.failed_check {
+        writeln!(out, "  failed check: {check}")?;
+    }
     if o.references_recomputed {
         writeln!(
             out,
             "  judged again with the reference outputs recomputed for each check: beside them kept on the GPU it ran out of memory"
         )?;
+    }
+    if let Some(i) = &o.integrity {
+        print_integrity(out, i)?;
     }
     if let Some(c) = &o.correctness {
         if let Some(bad) = &c.first_bad {

@@ -360,6 +360,9 @@ impl NativeEvaluator {
 #[derive(Deserialize)]
 struct Request {
     id: serde_json::Value,
+    /// The caller's token, echoed in the reply.
+    #[serde(default)]
+    token: serde_json::Value,
     op: String,
     #[serde(default)]
     graph: Option<GraphSource>,
@@ -384,10 +387,14 @@ pub fn serve() -> std::io::Result<()> {
                 serde_json::json!({"id": null, "ok": false, "error": format!("request is not understood: {e}")})
             }
             Ok(req) => {
-                let id = req.id.clone();
+                let (id, token) = (req.id.clone(), req.token.clone());
                 match handle(req, &mut gpu) {
-                    Ok(result) => serde_json::json!({"id": id, "ok": true, "result": result}),
-                    Err(e) => serde_json::json!({"id": id, "ok": false, "error": e}),
+                    Ok(result) => {
+                        serde_json::json!({"id": id, "token": token, "ok": true, "result": result})
+                    }
+                    Err(e) => {
+                        serde_json::json!({"id": id, "token": token, "ok": false, "error": e})
+                    }
                 }
             }
         };

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use super::{Arg, CudaProgram, graph_inputs};
 use crate::nvrtc::{self, Arch, CompileUnit, SmLimits};
 use crate::outcome::{
-    BadElement, Correctness, EvaluatorKind, KernelReport, Outcome, Status, Timing,
+    BadElement, Correctness, EvaluatorKind, Integrity, KernelReport, Outcome, Status, Timing,
 };
 use crate::reference::{Reference, Rng, Values, elements_to_check, unravel};
 
@@ -38,6 +38,10 @@ pub struct Settings {
     atol: f64,
     #[serde(default = "tolerance")]
     rtol: f64,
+    /// The seed of the sampled elements (fresh in every evaluation when
+    /// absent).
+    #[serde(default)]
+    sample_seed: Option<u64>,
 }
 
 fn seed() -> u64 {
@@ -215,7 +219,17 @@ fn input_range(g: &OpGraph) -> (f64, f64) {
     if positive { (0.1, 1.1) } else { (-1.0, 1.0) }
 }
 
-fn draw_inputs(g: &OpGraph, seed: u64) -> Vec<(String, Vec<f32>)> {
+/// How a trial's inputs are drawn.
+#[derive(Clone, Copy, PartialEq)]
+enum Draw {
+    /// Uniform over [`input_range`].
+    Uniform,
+    /// Standard normal, as KernelBench's `torch.randn` draws (only where
+    /// the graph takes inputs of either sign).
+    Normal,
+}
+
+fn draw_inputs(g: &OpGraph, seed: u64, draw: Draw) -> Vec<(String, Vec<f32>)> {
     let (lo, hi) = input_range(g);
     graph_inputs(g)
         .into_iter()
@@ -223,11 +237,23 @@ fn draw_inputs(g: &OpGraph, seed: u64) -> Vec<(String, Vec<f32>)> {
         .map(|(k, (name, ty))| {
             let mut rng = Rng::new(seed ^ (0x9E37_79B9 * (k as u64 + 1)));
             let v = (0..ty.numel())
-                .map(|_| rng.uniform(lo, hi) as f32)
+                .map(|_| match draw {
+                    Draw::Uniform => rng.uniform(lo, hi) as f32,
+                    Draw::Normal => rng.normal() as f32,
+                })
                 .collect();
             (name, v)
         })
         .collect()
+}
+
+/// A seed no candidate can know ahead: the clock and the process id mixed,
+/// for the elements each evaluation samples.
+fn fresh_seed() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    Rng::new(now ^ (u64::from(std::process::id()) << 32)).next_u64()
 }
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
@@ -507,7 +533,17 @@ fn run(
         .map(|_| seeds.next_u64())
         .collect();
     let after_timing_seed = seeds.next_u64();
-    let mut sample = Rng::new(s.seed ^ 0x5EED);
+    let normal_seed = seeds.next_u64();
+    // The sampled elements differ in every evaluation (a kernel wrong only
+    // where a fixed sample never looks cannot pass); the outcome keeps the
+    // seed, and a request can fix it to judge the same elements again.
+    let sample_seed = s.sample_seed.unwrap_or_else(fresh_seed);
+    let mut sample = Rng::new(sample_seed);
+    o.integrity = Some(Integrity {
+        confinement: vec!["a process of its own (the native runner)".into()],
+        sample_seed: Some(sample_seed),
+        ..Integrity::default()
+    });
     let checked_began = Instant::now();
     let mut correctness = Correctness::default();
     let mut max_abs: f64 = 0.0;
@@ -583,12 +619,25 @@ fn run(
         Ok(c)
     };
 
-    for (n, &seed) in trial_seeds.iter().enumerate() {
-        let inputs = draw_inputs(g, seed);
+    // KernelBench's trials, then one on normal inputs where the graph takes
+    // inputs of either sign.
+    let normal = input_range(g).0 < 0.0;
+    let mut trials: Vec<(u64, Draw)> = trial_seeds.iter().map(|&t| (t, Draw::Uniform)).collect();
+    if normal {
+        trials.push((normal_seed, Draw::Normal));
+    }
+    for (n, &(seed, draw)) in trials.iter().enumerate() {
+        let inputs = draw_inputs(g, seed, draw);
         upload(&inputs, &mut loaded)?;
         let c = judge_run(&inputs, &loaded, &mut sample, o, false).inspect_err(|_| {
             if let Some(c) = o.correctness.as_mut() {
                 c.trials = n as u32 + 1;
+            }
+            if draw == Draw::Normal {
+                o.failed_check = Some("second_distribution".into());
+                if let Some(why) = o.why.as_mut() {
+                    *why = format!("on inputs drawn from a normal distribution: {why}");
+                }
             }
         })?;
         max_abs = max_abs.max(c.max_abs);
@@ -598,12 +647,19 @@ fn run(
     }
     correctness.max_abs_err = Some(max_abs);
     correctness.rel_to_scale = (scale > 0.0).then(|| max_abs / scale);
+    if let Some(i) = o.integrity.as_mut() {
+        i.second_distribution = Some(if normal {
+            "passed".into()
+        } else {
+            "skipped: the graph takes positive inputs (log, sqrt, pow)".into()
+        });
+    }
     o.phases
         .insert("check".into(), checked_began.elapsed().as_secs_f64());
 
     // Timing, on the first trial's inputs.
     let timing_began = Instant::now();
-    let inputs = draw_inputs(g, trial_seeds[0]);
+    let inputs = draw_inputs(g, trial_seeds[0], Draw::Uniform);
     upload(&inputs, &mut loaded)?;
     for _ in 0..s.warmup {
         loaded.launch_all(stream)?;
@@ -628,7 +684,7 @@ fn run(
         .insert("timing".into(), timing_began.elapsed().as_secs_f64());
 
     // New values in the same buffers.
-    let fresh = draw_inputs(g, after_timing_seed);
+    let fresh = draw_inputs(g, after_timing_seed, Draw::Uniform);
     upload(&fresh, &mut loaded)?;
     judge_run(&fresh, &loaded, &mut sample, o, true)?;
 
@@ -660,5 +716,54 @@ fn stats(times: &[f64]) -> Timing {
         max_ms: sorted.last().copied().unwrap_or(0.0),
         trials: times.len() as u32,
         clock: "cuda_events".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_evaluation_samples_other_elements() {
+        // Two evaluations' seeds differ, and so do the elements they check
+        // beyond the edges of a large output.
+        let (a, b) = (fresh_seed(), fresh_seed());
+        assert_ne!(a, b);
+        let shape = [4096, 4096];
+        let picked =
+            |seed| elements_to_check(&shape, CHECK_ALL_UP_TO, SAMPLED, &mut Rng::new(seed));
+        let (pa, pb) = (picked(a), picked(b));
+        // The edges are checked in every evaluation; the 4096 sampled
+        // beyond them are (nearly all) others.
+        let only_a = pa.iter().filter(|i| pb.binary_search(i).is_err()).count();
+        assert!(
+            only_a > 4000,
+            "{only_a} of {} elements in one only",
+            pa.len()
+        );
+        // A fixed seed picks the same ones (a request can repeat a sample).
+        assert_eq!(picked(a), pa);
+    }
+
+    #[test]
+    fn normal_inputs_take_both_signs_and_the_usual_spread() {
+        let mut g = OpGraph::new();
+        let t = mtmc_actions::TensorType::new(vec![100_000], mtmc_actions::DType::F32);
+        let x = g.add_input("x", t.clone());
+        let y = g.add("y", Op::Unary(UnaryOp::Relu), &[x], vec![t]).unwrap();
+        g.set_outputs(vec![mtmc_actions::TensorRef::first(y)]);
+        let v = &draw_inputs(&g, 7, Draw::Normal)[0].1;
+        let n = v.len() as f64;
+        let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0).abs() < 0.03,
+            "{mean} {var}"
+        );
+        assert!(v.iter().any(|&x| x < -2.0) && v.iter().any(|&x| x > 2.0));
     }
 }

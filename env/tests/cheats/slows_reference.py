@@ -1,6 +1,6 @@
-# Cheats on purpose: finds the reference model the worker built and makes
-# its forward sleep, so that eager timed after this code ran looks slow.
-# Its own forward is honest.
+# Cheats on purpose: finds the reference model in its process and makes its
+# forward sleep, so that eager timed after this code ran would look slow.
+# Its own forward is honest. (The reference runs in a process of its own.)
 import gc
 import time
 

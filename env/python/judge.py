@@ -1,0 +1,1664 @@
+#!/usr/bin/env python3
+"""mtmc's judge: one persistent process per GPU, which runs no candidate code.
+
+Reads requests as JSON lines on stdin and answers each with one JSON line on
+stdout, which carries the request's id and token (stdout carries nothing
+else). A candidate's code runs in a runner process of its own (runner.py,
+forked from a zygote that this process starts), reached through a socket
+and a shared memory cell; its inputs live in memory the judge shares with
+it (CUDA IPC on a GPU, a memory file on the CPU) and its outputs are read
+from its own memory by the judge. The reference outputs, the comparison, the
+timing and its statistics, the baselines and their cache live here, out of
+the candidate's reach.
+
+Requests:
+  {"id": N, "token": T, "op": "hello"}
+      -> python and torch versions, the device.
+  {"id": N, "token": T, "op": "prepare", "problem": {...}, ...}
+      -> the reference side of a problem (see `eval`), computed now so that
+         the caller can give it a longer limit than a candidate gets.
+  {"id": N, "token": T, "op": "eval", "problem": {"name", "code"},
+   "candidate": {"name", "code"}, "seed": 42, "correctness_trials": 5,
+   "warmup": 3, "trials": 100, "atol": 1e-4, "rtol": 1e-4,
+   "max_error_to_scale": 1e-2, "baselines": ["eager", "compile"],
+   "baseline_cache": DIR or null, "inputs": "device" | "host",
+   "device": "cuda" | "cpu", "strict": false, "limit_seconds": 120}
+      -> the KernelBench protocol on the candidate's ModelNew against the
+         problem's Model (judge_candidate says what is checked and how calls
+         are timed).
+
+Faults of a candidate (a hanging kernel, an illegal address, a segfault)
+cost its runner only: the judge kills it and reports the fault. A fault of
+the judge itself is the caller's to handle: it restarts the judge.
+"""
+
+import ctypes
+import hashlib
+import json
+import math
+import mmap
+import os
+import random
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+_torch = None
+_clock = time.perf_counter
+_strftime, _gmtime = time.strftime, time.gmtime
+
+# The runner's source, given by the caller as the first argument.
+RUNNER_SOURCE = sys.argv[1] if len(sys.argv) > 1 else None
+
+# The cell's layout: the runner's (runner.py) own constants, read from its
+# source so that the two never disagree.
+_LAYOUT = {}
+
+# Error texts after which a CUDA context cannot be used again.
+CUDA_FATAL = (
+    "illegal memory access",
+    "illegal address",
+    "unspecified launch failure",
+    "CUDA_ERROR_",
+    "cudaErrorIllegal",
+    "misaligned address",
+    "out of memory",
+)
+
+# The version of how calls are timed: part of the baseline cache's key, so
+# that timings taken otherwise are never mixed with these.
+TIMING_METHOD = "judge-2"
+
+# Share of the timed calls whose outputs are compared (at least MIN_CHECKED),
+# and how many calls run with the watchers on.
+CHECKED_SHARE, MIN_CHECKED, WATCHED = 0.08, 6, 3
+
+# A candidate's calls are timed from the moment the judge releases them to
+# the moment its runner says it is done, less the same span of a call that
+# does nothing (measured in the same run); work still running on the GPU
+# then shows in the judge's own next step, and what it adds beyond the
+# reference's is counted.
+#
+# Beside the candidate eager may take at most this much longer than alone,
+# or its time alone is the baseline.
+PAIRED_SLOWER_AT_MOST = 1.05
+# The judge's L2 flush between calls may take at most this much longer while
+# a candidate's process lives than with none (and at least BUSY_MARGIN_MS):
+# a flush that takes longer shares the GPU with work of the candidate's that
+# runs between its calls.
+BUSY_RATIO, BUSY_MARGIN_MS = 1.5, 0.05
+
+# The factor the parameters are scaled by in place for the last check.
+PARAMETER_SCALE = 0.5
+
+
+_DEBUG = os.environ.get("MTMC_JUDGE_DEBUG") == "1"
+
+
+def debug(*parts):
+    """A line on stderr when MTMC_JUDGE_DEBUG=1: what the judge is doing."""
+    if _DEBUG:
+        print(f"mtmc judge {_clock():.3f}:", *parts, file=sys.stderr, flush=True)
+
+
+def _utc_now():
+    return _strftime("%Y-%m-%dT%H:%M:%SZ", _gmtime())
+
+
+def torch():
+    global _torch
+    if _torch is None:
+        import torch as t
+
+        import torch._dynamo  # noqa: F401
+        import torch.utils._python_dispatch  # noqa: F401
+
+        _torch = t
+    return _torch
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def finite(value):
+    """JSON has no infinities or NaN: those floats are sent as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+_OUT = None
+
+
+def reply(obj):
+    _OUT.write(json.dumps(finite(obj), allow_nan=False) + "\n")
+    _OUT.flush()
+
+
+ERROR_CHARS = 2000
+ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
+
+
+def error_text(e):
+    """An exception's message, cut as `cut_error` cuts."""
+    import traceback
+
+    return cut_error("".join(traceback.format_exception_only(type(e), e)).strip())
+
+
+def cut_error(text):
+    """At most ERROR_CHARS of an error. A long one (a compiler's log, where
+    warnings can fill it) keeps its first line and its error lines with the
+    two after each (the source line and the caret) first, then as much of
+    its end as fits, so that the line and kind of a compile error survive."""
+    if len(text) <= ERROR_CHARS:
+        return text
+    lines = text.split("\n")
+    keep = [0]
+    for i, line in enumerate(lines):
+        if ERROR_LINE.search(line) and "warning" not in line.lower():
+            keep.extend(j for j in range(i, min(i + 3, len(lines))) if j not in keep)
+    if len(keep) == 1:
+        return text[-ERROR_CHARS:]
+    head = "\n".join(lines[j][:200] for j in keep)[: ERROR_CHARS // 2] + "\n[...]\n"
+    return head + text[-(ERROR_CHARS - len(head)):]
+
+
+def hello(_req):
+    out = {"python": sys.version.split()[0], "pid": os.getpid()}
+    try:
+        t = torch()
+        out["torch"] = t.__version__
+        out["cuda"] = t.cuda.is_available()
+        if out["cuda"]:
+            out["device"] = t.cuda.get_device_name(0)
+    except ImportError as e:
+        out["torch"] = None
+        out["torch_error"] = error_text(e)
+    out["network"] = network_state()
+    return out
+
+
+def network_state():
+    """`none` when this process sits in a network namespace of its own
+    (only a loopback interface), else `present`."""
+    try:
+        names = [name for _, name in socket.if_nameindex() if name != "lo"]
+    except OSError:
+        return "unknown"
+    return "none" if not names else "present"
+
+
+def load_module(name, code, filename=None):
+    """Executes the problem's source (trusted) as a fresh module."""
+    import linecache
+
+    filename = filename or name
+    ns = {"__name__": f"mtmc_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"}
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    exec(compile(code, filename, "exec"), ns)
+    return ns
+
+
+def set_seed(seed):
+    t = torch()
+    t.manual_seed(seed)
+    if t.cuda.is_available():
+        t.cuda.manual_seed(seed)
+
+
+def make_inputs(ns, seed, device, mode):
+    """The problem's `get_inputs()` under `seed`, on `device`."""
+    t = torch()
+    set_seed(seed)
+    if mode == "device" and device.type == "cuda":
+        with t.device(device):
+            xs = ns["get_inputs"]()
+    else:
+        xs = ns["get_inputs"]()
+    return [x.to(device) if isinstance(x, t.Tensor) else x for x in xs]
+
+
+def normal_inputs(xs, seed):
+    """The same shapes and dtypes from another distribution: every
+    floating-point input redrawn in place from a standard normal (signed,
+    unlike `torch.rand`); integer inputs (indices, labels) kept."""
+    t = torch()
+    for k, x in enumerate(xs):
+        if isinstance(x, t.Tensor) and x.is_floating_point():
+            g = t.Generator(device=x.device)
+            g.manual_seed(seed + k)
+            x.copy_(t.randn(x.shape, dtype=x.dtype, device=x.device, generator=g))
+    return xs
+
+
+def stats(times, clock):
+    n = len(times)
+    mean = sum(times) / n
+    ordered = sorted(times)
+    median = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    std = math.sqrt(sum((x - mean) ** 2 for x in times) / max(n - 1, 1))
+    return {"mean_ms": mean, "median_ms": median, "std_ms": std, "min_ms": ordered[0], "max_ms": ordered[-1], "trials": n, "clock": clock}
+
+
+def median(xs):
+    ordered = sorted(xs)
+    n = len(ordered)
+    if n == 0:
+        return 0.0
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+def compare(refs, outs, atol, rtol, min_scale_ratio):
+    """KernelBench's allclose, output by output, plus a check against the
+    output's scale, so that outputs small enough to fit inside atol (zeros)
+    do not pass. `outs` are the judge's copies of the candidate's outputs,
+    or the reason an output could not be read."""
+    t = torch()
+    if len(outs) != len(refs):
+        return {"ok": False, "why": f"the candidate returned {len(outs)} output(s), the reference {len(refs)}"}
+    total = {"max_abs_err": 0.0, "scale": 0.0}
+    for k, (ref, out) in enumerate(zip(refs, outs)):
+        one = {"ok": False, "why": out} if isinstance(out, str) else compare_one(t, ref, out, atol, rtol, min_scale_ratio)
+        if len(refs) > 1 and "why" in one:
+            one["why"] = f"output {k}: {one['why']}"
+        if not one["ok"]:
+            return one
+        total["max_abs_err"] = max(total["max_abs_err"], one["max_abs_err"])
+        total["scale"] = max(total["scale"], one["scale"])
+    scale = total["scale"]
+    total["rel_to_scale"] = total["max_abs_err"] / scale if scale > 0 else None
+    total["ok"] = True
+    return total
+
+
+def compare_one(t, ref, out, atol, rtol, min_scale_ratio):
+    # KernelBench's tolerance for half-precision outputs.
+    if ref.dtype in (t.float16, t.bfloat16):
+        atol, rtol = max(atol, 1e-2), max(rtol, 1e-2)
+    if tuple(out.shape) != tuple(ref.shape):
+        return {"ok": False, "why": f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}"}
+    if out.dtype != ref.dtype:
+        return {"ok": False, "why": f"dtype {out.dtype} differs from the reference's {ref.dtype}"}
+    # |out - ref| <= atol + rtol * |ref| in the outputs' own dtype, as
+    # torch.allclose does, in chunks so that multi-GB outputs need little
+    # extra memory; one device sync per output, not per chunk. The first
+    # pass only finds the largest |out - ref| and |ref|: when no difference
+    # exceeds atol every element passes, and the elementwise test (several
+    # more passes over memory) runs only when one does.
+    r_flat, o_flat = ref.detach().reshape(-1), out.detach().reshape(-1)
+    if not r_flat.is_floating_point():
+        r_flat, o_flat = r_flat.double(), o_flat.double()
+    chunk = 1 << 26
+    spans = [(b, min(b + chunk, r_flat.numel())) for b in range(0, r_flat.numel(), chunk)]
+    if not spans:
+        return {"ok": True, "max_abs_err": 0.0, "scale": 0.0, "rel_to_scale": None}
+
+    def pieces(begin, end):
+        o = o_flat[begin:end]
+        return o, r_flat[begin:end].to(o.device, non_blocking=True)
+
+    maxes, scales = [], []
+    for begin, end in spans:
+        o, r = pieces(begin, end)
+        maxes.append(t.linalg.vector_norm(t.sub(o, r), ord=math.inf))
+        scales.append(t.linalg.vector_norm(r, ord=math.inf))
+    max_abs = float(t.stack(maxes).max())
+    scale = float(t.stack(scales).max())
+    if not math.isfinite(scale):
+        scale = max(float(t.nan_to_num(pieces(b, e)[1].abs(), nan=0.0, posinf=0.0).max()) for b, e in spans)
+    if not max_abs <= atol:
+        for begin, end in spans:
+            o, r = pieces(begin, end)
+            bad = ~t.isclose(o, r, atol=atol, rtol=rtol)
+            if bool(bad.any()):
+                k = int(bad.nonzero()[0])
+                index = list(reversed([int(i) for i in _unravel(begin + k, list(ref.shape))]))
+                max_abs = max_abs if math.isfinite(max_abs) else math.inf
+                return {"ok": False, "why": "values differ beyond tolerance", "first_bad_index": index, "expected": float(r[k]), "got": float(o[k]), "max_abs_err": max_abs, "scale": scale, "rel_to_scale": max_abs / scale if scale > 0 else None}
+        if not math.isfinite(max_abs):
+            # All close, with equal infinities: the error is in the rest.
+            max_abs = max(float(t.nan_to_num((pieces(b, e)[0] - pieces(b, e)[1]).abs(), nan=0.0, posinf=0.0).max()) for b, e in spans)
+    result = {"max_abs_err": max_abs, "scale": scale, "rel_to_scale": max_abs / scale if scale > 0 else None}
+    if scale > 0 and max_abs > min_scale_ratio * scale:
+        result.update(ok=False, why=f"error is {max_abs / scale:.2%} of the output's scale: within atol only because the outputs are small")
+        return result
+    result["ok"] = True
+    return result
+
+
+def _unravel(flat, shape):
+    for d in reversed(shape):
+        yield flat % d
+        flat //= d
+
+
+def snapshot(inputs):
+    t = torch()
+    return [x.detach().clone() if isinstance(x, t.Tensor) else x for x in inputs]
+
+
+def mutated(before, after):
+    t = torch()
+    for i, (b, a) in enumerate(zip(before, after)):
+        if isinstance(b, t.Tensor) and not t.equal(b, a):
+            return i
+    return None
+
+
+def flush_l2(device):
+    """Writes 256 MB so that no call starts with data in L2."""
+    t = torch()
+    buf = _L2.get("buf")
+    if buf is None:
+        buf = _L2["buf"] = t.empty(64 * 1024 * 1024, dtype=t.float32, device=device)
+    buf.fill_(1.0)
+
+
+_L2 = {}
+
+
+# ---------------------------------------------------------------- CUDA IPC
+
+
+_CUDA = []
+
+
+def cuda_api():
+    """The runner's `Cuda` (IPC handles and mappings), one for the judge."""
+    if not _CUDA:
+        _CUDA.append(layout("Cuda")())
+    return _CUDA[0]
+
+
+def device_bytes(ptr, n):
+    return layout("device_bytes")(torch(), ptr, n)
+
+
+# ---------------------------------------------------------------- inputs
+
+
+class Stage:
+    """The memory the runners read inputs from, and what the judge writes
+    there: on a GPU a private memory pool whose segments (and nothing else
+    of the judge's) are shared through CUDA IPC; on the CPU a memory file."""
+
+    def __init__(self, device, nbytes):
+        t = torch()
+        self.device = device
+        self.exported = {}
+        if device.type == "cuda":
+            self.pool = t.cuda.MemPool()
+            self.segments = {}
+        else:
+            self.nbytes = max(1 << 20, nbytes)
+            self.fd = os.memfd_create("mtmc-inputs")
+            os.ftruncate(self.fd, self.nbytes)
+            self.map = mmap.mmap(self.fd, self.nbytes)
+            self.raw = t.frombuffer(self.map, dtype=t.uint8)
+
+    def generate(self, ns, seed, mode, normal_seed=None):
+        """Inputs of `get_inputs()` under `seed` in the shared memory, and
+        their descriptor for the runners."""
+        t = torch()
+        if self.device.type == "cuda":
+            with t.cuda.use_mem_pool(self.pool):
+                xs = make_inputs(ns, seed, self.device, mode)
+                if normal_seed is not None:
+                    normal_inputs(xs, normal_seed)
+                xs = [self.in_pool(x) for x in xs]
+            return xs, self.describe(xs)
+        xs = make_inputs(ns, seed, self.device, mode)
+        if normal_seed is not None:
+            normal_inputs(xs, normal_seed)
+        shared, cursor = [], 0
+        for x in xs:
+            if not isinstance(x, t.Tensor):
+                shared.append(x)
+                continue
+            if x.numel() == 0:
+                shared.append(x)
+                continue
+            # The same strides as `get_inputs()` gave, over as many elements
+            # as they reach.
+            extent = 1 + sum((d - 1) * st for d, st in zip(x.shape, x.stride()))
+            n = extent * x.element_size()
+            start = (cursor + 63) & ~63
+            if start + n > self.nbytes:
+                raise RuntimeError(f"the inputs take more than the {self.nbytes} bytes shared with the runners")
+            view = self.raw[start:start + n].view(x.dtype).as_strided(x.shape, x.stride())
+            view.copy_(x)
+            shared.append(view)
+            cursor = start + n
+        return shared, self.describe(shared)
+
+    def in_pool(self, x):
+        """`x` where its memory is a segment of the private pool (a copy,
+        where `get_inputs()` returned memory from elsewhere)."""
+        t = torch()
+        if not isinstance(x, t.Tensor) or x.numel() == 0:
+            return x
+        base, size = cuda_api().range(x.data_ptr())
+        if base not in self.segments:
+            for seg in t.cuda.memory_snapshot(self.pool.id, include_traces=False) if hasattr(t.cuda, "memory_snapshot") else []:
+                self.segments[seg["address"]] = seg["total_size"]
+        if base not in self.segments:
+            return x.clone()
+        return x
+
+    def describe(self, xs):
+        t = torch()
+        desc = []
+        for k, x in enumerate(xs):
+            if not isinstance(x, t.Tensor):
+                try:
+                    json.dumps(x)
+                except TypeError:
+                    raise RuntimeError(f"input {k} is a {type(x).__name__}, which the judge cannot send to the candidate's process") from None
+                desc.append({"v": x})
+                continue
+            item = {"dtype": str(x.dtype).replace("torch.", ""), "shape": list(x.shape), "stride": list(x.stride())}
+            if x.numel() == 0:
+                item["empty"] = True
+            elif self.device.type == "cuda":
+                base, _ = cuda_api().range(x.data_ptr())
+                if base not in self.exported:
+                    self.exported[base] = cuda_api().handle(base)[0]
+                item["segment"] = self.exported[base].hex()
+                item["offset"] = x.data_ptr() - base
+            else:
+                item["offset"] = x.data_ptr() - self.raw.data_ptr()
+            desc.append(item)
+        return json.dumps(desc, separators=(",", ":")).encode()
+
+    def owner(self, handle):
+        """The judge's own pointer for one of its exported handles."""
+        for base, h in self.exported.items():
+            if h == handle:
+                return base
+        return None
+
+
+# ---------------------------------------------------------------- runners
+
+
+class Lost(Exception):
+    """The runner process is gone (it exited, or was killed)."""
+
+
+class Overran(Exception):
+    """The runner did not answer within the time left."""
+
+
+class Zygote:
+    """The process runners are forked from (runner.py): it imported torch
+    once and never touched the GPU."""
+
+    def __init__(self):
+        if RUNNER_SOURCE is None:
+            raise RuntimeError("the judge was started without the runner's source (its first argument)")
+        a, b = socket.socketpair()
+        boot = "import sys\nexec(compile(sys.argv[1], '<mtmc runner>', 'exec'), {'__name__': '__main__'})"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-c", boot, RUNNER_SOURCE, "zygote", str(b.fileno())],
+            pass_fds=[b.fileno()], stdin=subprocess.DEVNULL, stdout=2, stderr=2,
+        )
+        b.close()
+        self.sock = a
+        self.buf = b""
+        self.ready = None
+
+    def line(self, deadline):
+        while b"\n" not in self.buf:
+            left = deadline - _clock()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                raise Overran("the runners' zygote did not answer")
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise Lost("the runners' zygote exited")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def spawn(self, role, device, uid, scratch, deadline):
+        if self.ready is None:
+            self.ready = self.line(deadline)
+            debug("zygote ready", self.ready)
+        mine, theirs = socket.socketpair()
+        cell_fd = os.memfd_create("mtmc-cell")
+        os.ftruncate(cell_fd, layout("CELL_BYTES"))
+        req = {"role": role, "device": device, "uid": uid, "scratch": scratch}
+        socket.send_fds(self.sock, [(json.dumps(req) + "\n").encode()], [theirs.fileno(), cell_fd])
+        theirs.close()
+        keeper = self.line(deadline)["keeper"]
+        debug(f"spawned a {role} runner, keeper {keeper}, uid {uid}")
+        cell = mmap.mmap(cell_fd, layout("CELL_BYTES"))
+        os.close(cell_fd)
+        return Child(role, mine, cell, keeper, device)
+
+
+_ZYGOTE = []
+
+
+def zygote():
+    if _ZYGOTE and _ZYGOTE[0].proc.poll() is not None:
+        _ZYGOTE.clear()
+    if not _ZYGOTE:
+        _ZYGOTE.append(Zygote())
+    return _ZYGOTE[0]
+
+
+def layout(name):
+    """One of the runner's constants (the cell's layout, call kinds, record
+    kinds, dtypes), read from its source so that the two never disagree."""
+    if not _LAYOUT:
+        ns = {"__name__": "mtmc_runner_layout"}
+        exec(compile(RUNNER_SOURCE, "<mtmc runner layout>", "exec"), ns)
+        _LAYOUT.update({k: v for k, v in ns.items() if k.isupper()})
+    return _LAYOUT[name]
+
+
+class Child:
+    """One runner, from the judge's side."""
+
+    def __init__(self, role, sock, cell, keeper, device):
+        self.role, self.sock, self.cell, self.keeper, self.device = role, sock, cell, keeper, device
+        self.buf = b""
+        self.seq = struct.unpack_from("<Q", cell, layout("DONE"))[0]
+        self.desc = None
+        self.pid = None
+        self.pidfd = None
+        self.info = None
+        # The handles of its memory the judge mapped.
+        self.opened = set()
+        self.dead = False
+
+    # -- the socket
+
+    def line(self, deadline):
+        while b"\n" not in self.buf:
+            left = deadline - _clock()
+            if left <= 0:
+                raise Overran(f"the {self.role}'s process did not answer in time")
+            ready = select.select([self.sock], [], [], min(left, 0.5))[0]
+            if not ready:
+                if not self.alive():
+                    raise Lost(self.exit_text())
+                continue
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise Lost(self.exit_text())
+            self.buf += chunk
+            if len(self.buf) > 64 << 20:
+                raise Lost(f"the {self.role}'s process sent more than the protocol allows")
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            raise Lost(f"the {self.role}'s process sent a line that is not JSON") from None
+        if not isinstance(msg, dict):
+            raise Lost(f"the {self.role}'s process sent a line that is not an object")
+        return msg
+
+    def wait_ready(self, deadline):
+        if self.info is None:
+            self.info = self.line(deadline)
+            debug(f"{self.role} runner ready", self.info)
+            self.pid = int(self.info.get("pid", 0))
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except (OSError, AttributeError):
+                self.pidfd = None
+        return self.info
+
+    def request(self, msg, deadline, fds=()):
+        self.wait_ready(deadline)
+        data = (json.dumps(msg) + "\n").encode()
+        try:
+            if fds:
+                socket.send_fds(self.sock, [data], list(fds))
+            else:
+                self.sock.sendall(data)
+        except OSError:
+            raise Lost(self.exit_text()) from None
+        return self.line(deadline)
+
+    def alive(self):
+        if self.dead:
+            return False
+        if self.pid is None:
+            # Not ready yet: its keeper stands for it.
+            try:
+                os.kill(self.keeper, 0)
+                return True
+            except ProcessLookupError:
+                self.dead = True
+                return False
+        if self.pidfd is not None:
+            if select.select([self.pidfd], [], [], 0)[0]:
+                self.dead = True
+                return False
+            return True
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except (ProcessLookupError, TypeError):
+            self.dead = True
+            return False
+        except PermissionError:
+            return True
+
+    def exit_text(self):
+        # The keeper writes how the runner ended just after it ended.
+        waited = _clock() + 1.0
+        code = 0
+        while code == 0 and _clock() < waited:
+            code = struct.unpack_from("<i", self.cell, layout("EXIT_INFO"))[0]
+            if code == 0:
+                time.sleep(0.01)
+        if code >= 1000:
+            return f"the {self.role}'s process exited with status {code - 1000}"
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return f"the {self.role}'s process was killed by {name}"
+        return f"the {self.role}'s process ended"
+
+    # -- calls on the cell
+
+    def begin_calls(self, deadline):
+        debug(f"{self.role}: begin calls")
+        msg = self.request({"op": "calls"}, deadline)
+        if not msg.get("serving"):
+            raise Lost(f"the {self.role}'s process did not start serving calls")
+
+    def end_calls(self, deadline):
+        self.call(layout("STOP"), None, 0, deadline)
+        msg = self.line(deadline)
+        if not msg.get("served"):
+            raise Lost(f"the {self.role}'s process did not stop serving calls")
+
+    def call(self, kind, desc, watch, deadline):
+        """One call: the host times at release and at `done`."""
+        cell = self.cell
+        if desc is not None and desc != self.desc:
+            if len(desc) > layout("IN_MAX"):
+                raise RuntimeError("the inputs' descriptor is larger than the cell")
+            cell[layout("IN_BASE"):layout("IN_BASE") + len(desc)] = desc
+            struct.pack_into("<I", cell, layout("IN_LEN"), len(desc))
+            self.desc = desc
+        struct.pack_into("<II", cell, layout("KIND"), kind, watch)
+        self.seq += 1
+        seq = self.seq
+        done_at = layout("DONE")
+        spin = self.device == "cuda"
+        t0 = _clock()
+        struct.pack_into("<Q", cell, layout("GO"), seq)
+        n = 0
+        # On a GPU both sides spin (a wake-up would count in the call's
+        # time); on the CPU they share the cores with the call, and sleep.
+        every = 0xFFF if spin else 0x3F
+        while struct.unpack_from("<Q", cell, done_at)[0] != seq:
+            n += 1
+            if n & every == 0:
+                if _clock() > deadline:
+                    raise Overran(f"the {self.role}'s call did not return in time")
+                if not self.alive():
+                    raise Lost(self.exit_text())
+                if not spin:
+                    time.sleep(0.0001)
+        return t0, _clock()
+
+    def outcome_of_call(self):
+        """`None` after a normal return, else the error text it raised."""
+        status, _count, err = struct.unpack_from("<III", self.cell, layout("OUT_STATUS"))
+        if status == layout("OUT_EXCEPTION"):
+            base = layout("ERR_BASE")
+            return self.cell[base:base + min(err, layout("ERR_MAX"))].decode(errors="replace")
+        return None
+
+    def watch_report(self):
+        n = struct.unpack_from("<I", self.cell, layout("WATCH_LEN"))[0]
+        base = layout("WATCH_BASE")
+        try:
+            report = json.loads(self.cell[base:base + min(n, layout("WATCH_MAX"))])
+        except ValueError:
+            return {"torch_ops": {}, "swallowed": ["the watch report is unreadable"]}
+        if not isinstance(report, dict):
+            return {"torch_ops": {}, "swallowed": ["the watch report is unreadable"]}
+        return report
+
+    def outputs(self, stage, out_arena):
+        """The judge's own copies of the call's outputs (a reason instead of
+        a tensor where one cannot be read)."""
+        t = torch()
+        _status, count = struct.unpack_from("<II", self.cell, layout("OUT_STATUS"))
+        if count > layout("OUT_MAX"):
+            return [f"the candidate returned more than {layout('OUT_MAX')} outputs"]
+        outs = []
+        dtypes = layout("DTYPES")
+        for k in range(count):
+            base = layout("OUT_BASE") + k * layout("OUT_RECORD")
+            kind, _pad, handle, offset, dtype, dims = struct.unpack_from("<II64sQII", self.cell, base)
+            shape = list(struct.unpack_from("<8q", self.cell, base + 88))[: min(dims, 8)]
+            stride = list(struct.unpack_from("<8q", self.cell, base + 152))[: min(dims, 8)]
+            if kind == layout("REC_NOT_TENSOR"):
+                name = handle.split(b"\0")[0].decode(errors="replace")
+                outs.append(f"the candidate returned {name}, not a plain torch.Tensor")
+                continue
+            if kind == layout("REC_TOO_LARGE"):
+                outs.append("the candidate's output is larger than the reference's space for it")
+                continue
+            if kind == layout("REC_OTHER_DEVICE"):
+                outs.append(f"the result is not on the {self.device} device the reference is on")
+                continue
+            if kind != layout("REC_TENSOR") or dtype >= len(dtypes) or any(s < 0 for s in shape):
+                outs.append("the candidate's output could not be read")
+                continue
+            tdtype = getattr(t, dtypes[dtype])
+            numel = math.prod(shape)
+            try:
+                if numel == 0:
+                    outs.append(t.empty(shape, dtype=tdtype, device=stage.device))
+                elif self.device == "cuda":
+                    outs.append(self.read_device(stage, handle, offset, tdtype, shape, stride))
+                else:
+                    esize = t.empty(0, dtype=tdtype).element_size()
+                    raw = out_arena
+                    if offset % esize or offset + numel * esize > raw.numel():
+                        raise ValueError("out of the arena")
+                    outs.append(raw[offset:offset + numel * esize].view(tdtype).view(shape).clone())
+            except (RuntimeError, ValueError) as e:
+                outs.append(f"the candidate's output could not be read ({str(e)[:120]})")
+        if self.device == "cuda":
+            # The copies are done before the runner may touch its memory
+            # again.
+            t.cuda.synchronize()
+        return outs
+
+    def read_device(self, stage, handle, offset, dtype, shape, stride):
+        t = torch()
+        own = stage.owner(handle)
+        if own is not None:
+            ptr, size = own, cuda_api().range(own)[1]
+        else:
+            ptr, size = cuda_api().open(handle)
+            self.opened.add(handle)
+        esize = t.empty(0, dtype=dtype).element_size()
+        if offset % esize:
+            raise ValueError("a misaligned output")
+        raw = device_bytes(ptr, size - size % esize).view(dtype)
+        return t.as_strided(raw, shape, stride, offset // esize).clone()
+
+    def kill(self):
+        """Ends the runner and every process it started; closes what the
+        judge mapped of its memory."""
+        try:
+            os.kill(self.keeper, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        if self.opened:
+            torch().cuda.synchronize()
+            for handle in self.opened:
+                cuda_api().close(handle)
+            self.opened.clear()
+        for f in (self.sock, self.cell):
+            try:
+                f.close()
+            except (OSError, BufferError):
+                pass
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def scratch_root():
+    """Where the runners' scratch folders go: a folder of this judge's."""
+    root = _SCRATCH.get("root")
+    if root is None:
+        root = _SCRATCH["root"] = tempfile.mkdtemp(prefix="mtmc-runners-")
+        os.chmod(root, 0o711)
+    return root
+
+
+_SCRATCH = {}
+_UIDS = {}
+
+
+def candidate_uid():
+    """A user id of its own for the next candidate's runner, where this
+    judge runs as root and the interpreter and its packages are readable to
+    other users; else None (the runner keeps the judge's)."""
+    if os.geteuid() != 0 or not real_root():
+        return None
+    if "readable" not in _UIDS:
+        _UIDS["readable"] = all(world_readable(p) for p in python_paths())
+    if not _UIDS["readable"]:
+        return None
+    return 0x40000000 + random.SystemRandom().randrange(1 << 28)
+
+
+def real_root():
+    """Whether this is root of the machine, not of a user namespace (where
+    no other user id is mapped to become)."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            return any(line.split()[:3] == ["0", "0", "4294967295"] for line in f)
+    except OSError:
+        return False
+
+
+def python_paths():
+    import sysconfig
+
+    t = torch()
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "purelib", "platlib")}
+    paths.add(os.path.dirname(os.path.dirname(t.__file__)))
+    paths.add(os.path.realpath(sys.executable))
+    return [p for p in paths if p]
+
+
+def world_readable(path):
+    """Whether another user may read `path` and every folder above it."""
+    path = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        need = 0o005 if os.path.isdir(path) else 0o004
+        if st.st_mode & need != need:
+            return False
+        if path == "/":
+            return True
+        path = os.path.dirname(path)
+
+
+def new_child(role, device, deadline):
+    uid = candidate_uid() if role == "candidate" else None
+    scratch = os.path.join(scratch_root(), f"{role}-{time.monotonic_ns()}")
+    return zygote().spawn(role, device.type, uid, scratch, deadline)
+
+
+_SPARE = []
+
+
+def candidate_child(device, deadline):
+    """A candidate runner: the spare started after the last candidate, or a
+    new one. A runner serves one candidate only."""
+    while _SPARE:
+        child = _SPARE.pop()
+        if child.device == device.type and child.alive():
+            return child
+        child.kill()
+    return new_child("candidate", device, deadline)
+
+
+def start_spare(device):
+    if not _SPARE:
+        try:
+            _SPARE.append(new_child("candidate", device, _clock() + 60))
+        except (Lost, Overran, OSError) as e:
+            print(f"mtmc judge: could not start a spare runner: {e}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- reference
+
+
+_REFERENCE = {}
+
+
+def settings(req):
+    return {
+        "seed": req.get("seed", 42),
+        "correctness_trials": req.get("correctness_trials", 5),
+        "warmup": req.get("warmup", 3),
+        "trials": req.get("trials", 100),
+        "inputs": req.get("inputs", "device"),
+        "device": req.get("device", "cuda"),
+        "references": req.get("references", "auto"),
+        "paired_eager": req.get("paired_eager", True),
+    }
+
+
+def pick_device(req):
+    t = torch()
+    if req.get("device", "cuda") == "cpu":
+        return t.device("cpu")
+    if not t.cuda.is_available():
+        return None
+    return t.device("cuda:0")
+
+
+def reference_side(problem, req, device, deadline):
+    """The problem's reference side, built once per problem and settings:
+    the judge's model, the seeds of every check, the reference outputs, the
+    shared input memory, the reference runner and the baselines."""
+    s = settings(req)
+    key = json.dumps([problem["code"], s])
+    if _REFERENCE.get("key") != key or not _REFERENCE["runner"].alive():
+        # The zygote imports torch while the judge builds the reference.
+        zygote()
+        old = _REFERENCE.get("runner")
+        if old is not None:
+            old.kill()
+        _REFERENCE.clear()
+        ref = build_reference(problem, s, device, deadline)
+        ref["key"] = key
+        _REFERENCE.update(ref)
+    ref = _REFERENCE
+    wanted = req.get("baselines", ["eager"])
+    missing = [b for b in wanted if b not in ref["baselines"]]
+    if missing or "calibration" not in ref:
+        measure_baselines(problem, ref, s, device, missing, req.get("baseline_cache"), deadline)
+    return ref
+
+
+def build_reference(problem, s, device, deadline):
+    t = torch()
+    ns = load_module(problem.get("name", "problem"), problem["code"])
+    init = ns["get_init_inputs"]()
+    with t.no_grad():
+        set_seed(s["seed"])
+        model = ns["Model"](*init).to(device)
+    set_seed(s["seed"])
+    trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(s["correctness_trials"])]
+    check_seeds = trial_seeds + [s["seed"] + 1]
+    ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}, "problem": problem}
+    ref["reference_tf32"] = reference_tf32(model, ns, trial_seeds[0], device, s)
+    refs, kept = [], "device" if device.type == "cuda" else "host"
+    if s["references"] == "recompute":
+        kept = "recomputed"
+    in_bytes = out_bytes = 0
+    for trial_seed in check_seeds:
+        inputs = make_inputs(ns, trial_seed, device, s["inputs"])
+        with t.no_grad():
+            outs = forward_outputs(model, inputs)
+        in_bytes = max(in_bytes, sum(x.numel() * x.element_size() + 64 for x in inputs if isinstance(x, t.Tensor)))
+        out_bytes = max(out_bytes, sum(o.numel() * o.element_size() + 64 for o in outs))
+        if kept == "device" and not refs:
+            # Every check compares against outputs kept on the GPU when all
+            # of them take at most about half of its memory; larger ones are
+            # recomputed for each check. One more set for the check with
+            # scaled parameters.
+            sets = len(check_seeds) + (1 if float_parameters(model) else 0)
+            size = sum(o.numel() * o.element_size() for o in outs) * sets
+            free, _total = t.cuda.mem_get_info(device)
+            free += t.cuda.memory_reserved(device) - t.cuda.memory_allocated(device)
+            if size > 0.45 * (free + size / sets):
+                kept = "recomputed"
+        refs.append(outs if kept != "recomputed" else None)
+        del inputs, outs
+    ref.update(refs=refs, refs_kept=kept)
+    ref["scaled_ref"] = None
+    if kept != "recomputed" and float_parameters(model):
+        inputs = make_inputs(ns, check_seeds[-1], device, s["inputs"])
+        ref["scaled_ref"] = with_scaled_parameters(model, lambda: forward_outputs(model, inputs))
+        del inputs
+    ref["stage"] = Stage(device, 2 * in_bytes)
+    debug("reference outputs kept:", kept)
+    if device.type == "cpu":
+        ref["out_bytes"] = max(1 << 20, 4 * out_bytes)
+    # The problem's own model in a runner of its own: its calls are timed
+    # exactly as a candidate's are.
+    runner = new_child("reference", device, deadline)
+    ref["runner"] = runner
+    load_into(runner, problem, {"name": problem.get("name", "problem"), "code": problem["code"]}, "Model", s, device, ref, deadline)
+    return ref
+
+
+def load_into(child, problem, candidate, cls, s, device, ref, deadline):
+    """Sends the problem's and the candidate's code to a runner, which
+    builds the model under the seed; returns the runner's reply."""
+    msg = {
+        "op": "load", "problem_name": problem.get("name", "problem"), "problem_code": problem["code"],
+        "name": candidate.get("name", "candidate"), "code": candidate["code"],
+        "filename": f"<mtmc candidate {candidate.get('name', 'candidate')}>", "class": cls, "seed": s["seed"],
+        "references": ref.get("refs_kept", ""),
+    }
+    fds = ()
+    if device.type == "cpu":
+        out_fd = os.memfd_create("mtmc-outputs")
+        os.ftruncate(out_fd, ref["out_bytes"])
+        child.out_map = mmap.mmap(out_fd, ref["out_bytes"])
+        child.out_arena = torch().frombuffer(child.out_map, dtype=torch().uint8)
+        msg.update(in_bytes=ref["stage"].nbytes, out_bytes=ref["out_bytes"])
+        fds = (ref["stage"].fd, out_fd)
+    else:
+        child.out_arena = None
+    try:
+        reply_ = child.request(msg, deadline, fds)
+    finally:
+        if device.type == "cpu":
+            os.close(out_fd)
+    if cls == "Model" and not reply_.get("ok"):
+        raise RuntimeError(f"the problem's model did not load in its runner: {reply_.get('error')}")
+    return reply_
+
+
+def reference_outputs(ref, n, inputs):
+    kept = ref["refs"][n]
+    if kept is not None:
+        return kept
+    return reference_forward(ref, inputs)
+
+
+def forward_outputs(model, inputs):
+    t = torch()
+    value = model(*inputs)
+    outs = list(value) if isinstance(value, (tuple, list)) else [value]
+    return [o.detach() if isinstance(o, t.Tensor) else t.as_tensor(o) for o in outs]
+
+
+def reference_forward(ref, inputs, scaled=False):
+    """A forward of the judge's model under the math switches it was first
+    computed with."""
+    t = torch()
+    model = ref["model"]
+    now = math_flags()
+    try:
+        set_math_flags(ref["math"])
+        with t.no_grad():
+            if scaled:
+                return with_scaled_parameters(model, lambda: forward_outputs(model, inputs))
+            return forward_outputs(model, inputs)
+    finally:
+        set_math_flags(now)
+
+
+def float_parameters(model):
+    return [p for p in model.parameters() if p.is_floating_point()]
+
+
+def with_scaled_parameters(model, run):
+    t = torch()
+    params = float_parameters(model)
+    with t.no_grad():
+        saved = [p.detach().clone() for p in params]
+        try:
+            for p in params:
+                p.mul_(PARAMETER_SCALE)
+            return run()
+        finally:
+            for p, v in zip(params, saved):
+                p.copy_(v)
+
+
+def scaled_reference_outputs(ref, inputs):
+    if ref["scaled_ref"] is not None:
+        return ref["scaled_ref"]
+    return reference_forward(ref, inputs, scaled=True)
+
+
+def reference_tf32(model, ns, seed, device, s):
+    """Whether the reference's own outputs are TF32-rounded (cuDNN's float32
+    convolutions under torch's default switches): an exact float32
+    candidate cannot meet 1e-4 against such a reference."""
+    t = torch()
+    flags = math_flags()
+    if device.type != "cuda" or not (flags["matmul_tf32"] or flags["cudnn_tf32"]):
+        return False
+    inputs = make_inputs(ns, seed, device, s["inputs"])
+    try:
+        with t.no_grad():
+            rounded = forward_outputs(model, inputs)
+            set_math_flags({"matmul_tf32": False, "cudnn_tf32": False, "precision": "highest"})
+            exact = forward_outputs(model, inputs)
+    finally:
+        set_math_flags(flags)
+    return any(
+        a.dtype == t.float32 and a.shape == b.shape and not t.allclose(a, b, atol=1e-4, rtol=1e-4)
+        for a, b in zip(rounded, exact)
+    )
+
+
+def math_flags():
+    t = torch()
+    return {
+        "matmul_tf32": t.backends.cuda.matmul.allow_tf32,
+        "cudnn_tf32": t.backends.cudnn.allow_tf32,
+        "precision": t.get_float32_matmul_precision(),
+    }
+
+
+def set_math_flags(flags):
+    t = torch()
+    t.backends.cuda.matmul.allow_tf32 = flags["matmul_tf32"]
+    t.backends.cudnn.allow_tf32 = flags["cudnn_tf32"]
+    t.set_float32_matmul_precision(flags["precision"])
+
+
+def baseline_cache_file(problem, s, device, directory):
+    t = torch()
+    gpu = t.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    digest = hashlib.sha256(problem["code"].encode()).hexdigest()[:16]
+    keyed = {k: v for k, v in s.items() if k != "paired_eager"}
+    keyed["method"] = TIMING_METHOD
+    params = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-")
+    return os.path.join(directory, f"{digest}-{slug}-torch{t.__version__}-{params}.json")
+
+
+def measure_baselines(problem, ref, s, device, names, cache_dir, deadline):
+    """Eager and torch.compile timings of the problem's own model in its
+    runner, timed as candidates are (from the cache of this problem, GPU,
+    torch version and settings when there is one), and the calibration of
+    this run: the span of a call that does nothing, how long the judge's
+    own step after a call takes, and its L2 flush with no candidate."""
+    path = baseline_cache_file(problem, s, device, cache_dir) if cache_dir else None
+    cached = {}
+    if path and os.path.exists(path):
+        try:
+            with open(path) as f:
+                cached = json.load(f)
+        except (OSError, ValueError):
+            cached = {}
+    runner = ref["runner"]
+    if "calibration" not in ref or "eager" in names:
+        steps = s["trials"] if "eager" in names and "eager" not in cached else 30
+        records = timed_steps(ref, s, device, [("reference", runner)], ["warmup"] * s["warmup"] + ["timed"] * steps, deadline)
+        failed = [r["error"] for r in records if r.get("error")]
+        if failed:
+            raise RuntimeError(f"the problem's model failed in its runner: {failed[0]}")
+        ref["calibration"] = calibration(records, device)
+        if "eager" in names:
+            if "eager" in cached:
+                ref["baselines"]["eager"] = dict(cached["eager"], cached=True)
+            else:
+                began = _clock()
+                timing = stats(call_times(records, "reference", ref["calibration"], device), clock_name(device))
+                timing["seconds"] = _clock() - began
+                timing["measured_at"] = _utc_now()
+                ref["baselines"]["eager"] = timing
+    for name in [n for n in names if n != "eager"]:
+        if name in cached:
+            ref["baselines"][name] = dict(cached[name], cached=True)
+            continue
+        began = _clock()
+        try:
+            # torch.compile of the problem's own model, timed in this
+            # process with CUDA events (trusted code, before any candidate):
+            # its time alone, as comparable to the runners' spans less the
+            # null call as eager's is to its in-process time.
+            timing = time_in_process(torch().compile(ref["model"]), ref, s, device)
+            timing["seconds"] = _clock() - began
+            ref["baselines"][name] = timing
+        except Exception as e:  # noqa: BLE001  (a baseline that cannot be timed says why)
+            ref["baselines"][name] = {"error": cut_error(str(e))}
+        ref["baselines"][name]["measured_at"] = _utc_now()
+    if path:
+        fresh = {k: v for k, v in ref["baselines"].items() if not v.get("cached") and "error" not in v and k in names}
+        if fresh:
+            os.makedirs(cache_dir, exist_ok=True)
+            merged = dict(cached, **fresh)
+            fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(merged, f)
+            os.replace(tmp, path)
+
+
+def time_in_process(fn, ref, s, device):
+    """Milliseconds per call of `fn` in the judge itself: warm-ups, then
+    `trials` calls on fresh inputs, each after an L2 flush, between CUDA
+    events with the device synchronized before the second."""
+    t = torch()
+    secret = random.SystemRandom()
+    times = []
+    with t.no_grad():
+        for k in range(s["warmup"] + s["trials"]):
+            xs = make_inputs(ref["ns"], secret.getrandbits(62), device, s["inputs"])
+            if device.type == "cuda":
+                flush_l2(device)
+                start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+                start.record()
+                fn(*xs)
+                t.cuda.synchronize(device)
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                began = _clock()
+                fn(*xs)
+                ms = (_clock() - began) * 1e3
+            if k >= s["warmup"]:
+                times.append(ms)
+            del xs
+    return stats(times, "cuda_events" if device.type == "cuda" else "host")
+
+
+def clock_name(device):
+    return "judge" if device.type == "cuda" else "host"
+
+
+def calibration(records, device):
+    """What the judge adds to every call, from calls of the trusted
+    reference runner: the span of a call that does nothing (`null_ms`), the
+    judge's step after a call (`seal_ms`) and its L2 flush (`flush_ms`)."""
+    nulls = [r["span_ms"] for r in records if r["who"] == "null"]
+    seals = [r["seal_ms"] for r in records if r["who"] == "reference"]
+    flushes = [r["flush_ms"] for r in records if r.get("flush_ms") is not None]
+    return {"null_ms": median(nulls), "seal_ms": median(seals), "flush_ms": median(flushes) if flushes else None}
+
+
+def call_times(records, who, cal, device, kinds=("timed",)):
+    """Milliseconds of each of `who`'s calls of the given kinds: the span
+    from release to `done` less the span of a call that does nothing, plus
+    what the judge's step after it took beyond the reference's."""
+    null = cal["null_ms"]
+    out = []
+    for r in records:
+        if r["who"] != who or r["kind"] not in kinds:
+            continue
+        t = max(0.0, r["span_ms"] - null)
+        if device.type == "cuda":
+            t += max(0.0, r["seal_ms"] - cal["seal_ms"])
+        out.append(t)
+    return out
+
+
+def timed_steps(ref, s, device, callers, kinds, deadline, on_call=None):
+    """Runs one step per entry of `kinds`: fresh inputs from `get_inputs()`
+    under a seed no runner can know, a call that does nothing on the
+    reference runner, then one call of each of `callers` (in an order that
+    alternates), each after an L2 flush. A call of kind `checked` ends with
+    the judge copying its outputs (`on_call` checks them); any other ends
+    with an event on the judge's stream. Returns a record per call."""
+    t = torch()
+    secret = random.SystemRandom()
+    stage = ref["stage"]
+    cuda = device.type == "cuda"
+    null_runner = ref["runner"]
+    serving = [null_runner] + [c for _, c in callers if c is not null_runner]
+    for c in serving:
+        c.begin_calls(deadline)
+    try:
+        return steps_of(ref, s, device, callers, kinds, deadline, on_call, stage, cuda, null_runner, secret)
+    finally:
+        for c in serving:
+            if c.alive():
+                c.end_calls(deadline)
+
+
+def steps_of(ref, s, device, callers, kinds, deadline, on_call, stage, cuda, null_runner, secret):
+    t = torch()
+    records = []
+    for step, kind in enumerate(kinds):
+        seed = secret.getrandbits(62)
+        xs, desc = stage.generate(ref["ns"], seed, s["inputs"])
+        if step < 2:
+            debug(f"step {step} ({kind}): inputs {desc[:200]!r}")
+        order = callers if step % 2 == 0 else list(reversed(callers))
+        for who, child in [("null", null_runner)] + order:
+            rec = {"who": who, "kind": kind if who != "null" else "null", "step": step, "seed": seed}
+            flush_ms = None
+            if cuda:
+                a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+                a.record()
+                flush_l2(device)
+                b.record()
+                b.synchronize()
+                flush_ms = a.elapsed_time(b)
+            t0, t_done = child.call(layout("NULL") if who == "null" else layout("CALL"), desc, int(kind == "watched"), deadline)
+            error = child.outcome_of_call()
+            if error is not None and who == "null":
+                raise RuntimeError(f"the reference runner failed a call that does nothing: {error}")
+            outs = None
+            if kind == "checked" and who == "candidate" and error is None:
+                outs = child.outputs(stage, child.out_arena)
+            elif cuda:
+                e = t.cuda.Event()
+                e.record()
+                e.synchronize()
+            t1 = _clock()
+            rec.update(span_ms=(t_done - t0) * 1e3, seal_ms=(t1 - t_done) * 1e3, flush_ms=flush_ms)
+            if step < 2:
+                debug(f"step {step}: {who} call", rec)
+            if error is not None:
+                rec["error"] = error
+            records.append(rec)
+            if on_call is not None and who == "candidate" and on_call(rec, child, xs, outs, seed):
+                return records
+            if error is not None and who == "candidate":
+                return records
+        del xs
+    return records
+
+
+# ---------------------------------------------------------------- judging
+
+
+def prepare(req):
+    device = pick_device(req)
+    if device is None:
+        return {"status": "not_run", "why": "torch sees no GPU on this machine"}
+    began = _clock()
+    deadline = began + float(req.get("limit_seconds", 600))
+    ref = reference_side(req["problem"], req, device, deadline)
+    start_spare(device)
+    return {"seconds": _clock() - began, "baselines": public_baselines(ref), "refs_kept": ref["refs_kept"], "calibration": ref["calibration"]}
+
+
+def public_baselines(ref):
+    return {k: v for k, v in ref["baselines"].items()}
+
+
+def runtime_error(outcome, text):
+    outcome.pop("runtime", None)
+    outcome.update(status="runtime_error", error=cut_error(text))
+    return outcome
+
+
+def evaluate(req):
+    """The KernelBench protocol on one candidate, in a runner of its own."""
+    problem, candidate = req["problem"], req["candidate"]
+    s = settings(req)
+    try:
+        t = torch()
+    except ImportError:
+        t = None
+    if t is None:
+        raise ImportError("No module named 'torch'")
+    device = pick_device(req)
+    if device is None:
+        return {"status": "not_run", "why": "torch sees no GPU on this machine"}
+    began = _clock()
+    limit = float(req.get("limit_seconds", 120))
+    ref = reference_side(problem, req, device, began + max(limit, 600))
+    reference_seconds = _clock() - began
+    deadline = _clock() + 0.9 * limit
+    gpu = t.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    outcome = {"status": "compile_error", "device": gpu, "reference_seconds": reference_seconds, "reference_tf32": ref["reference_tf32"]}
+    child = None
+    try:
+        child = candidate_child(device, deadline)
+        info = child.wait_ready(deadline)
+        outcome["integrity"] = {"confinement": info.get("confinement", [])}
+        return judge_candidate(req, s, ref, child, outcome, device, deadline)
+    except Overran as e:
+        outcome.pop("runtime", None)
+        outcome.update(status="timeout", error=f"{e} (limit {limit:.0f} s); its process was stopped")
+        return outcome
+    except Lost as e:
+        outcome.pop("runtime", None)
+        outcome.update(status="crashed", error=str(e))
+        return outcome
+    finally:
+        if child is not None:
+            child.kill()
+        start_spare(device)
+
+
+def judge_candidate(req, s, ref, child, outcome, device, deadline):
+    """Loads the candidate in its runner, then: KernelBench's correctness
+    trials (its seeds), one trial on inputs from a normal distribution,
+    the timed calls, a check with the parameters scaled in place.
+
+    Timed calls: a random number of warm-ups, then `trials` calls whose
+    times count, mixed at random with calls whose outputs the judge copies
+    and compares (`checked`) and calls run with the watchers on (`watched`).
+    Every call gets fresh inputs drawn under a seed no runner can know; the
+    candidate cannot tell the kinds apart before it returns. Beside each
+    call eager runs on the same inputs in the reference runner."""
+    t = torch()
+    atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
+    tolerance = (atol, rtol, req.get("max_error_to_scale", 1e-2))
+    stage = ref["stage"]
+    started = _clock()
+    loaded = load_into(child, ref["problem"], req["candidate"], "ModelNew", s, device, ref, deadline)
+    outcome["load_seconds"] = _clock() - started
+    if not loaded.get("ok"):
+        error = loaded.get("error", "the candidate did not load")
+        outcome["error"] = cut_error(error)
+        if device.type == "cuda" and any(m in error for m in CUDA_FATAL):
+            return runtime_error(outcome, error)
+        return outcome
+    torch_ops, swallowed = {}, []
+
+    def watched_report():
+        report = child.watch_report()
+        for k, v in (report.get("torch_ops") or {}).items():
+            if isinstance(v, int):
+                torch_ops[str(k)] = torch_ops.get(str(k), 0) + v
+        swallowed.extend(str(x) for x in (report.get("swallowed") or [])[:5])
+
+    def watch_verdict(trials_run, check):
+        if swallowed:
+            outcome.update(status="incorrect", trials_run=trials_run, failed_check="fallback", why=f"the forward caught an exception and went on ({swallowed[0]}): a fallback hides what failed")
+            return outcome
+        compute = {k: v for k, v in torch_ops.items() if k not in MEMORY_OPS}
+        if req.get("strict") and compute:
+            outcome.update(status="incorrect", trials_run=trials_run, failed_check="strict", why=f"strict mode: the forward computes with torch ({', '.join(sorted(compute))}) on {check}")
+            return outcome
+        return None
+
+    # KernelBench's correctness trials, then one on normal inputs.
+    checks = []
+    check_began = _clock()
+    trials = [(n, seed, None) for n, seed in enumerate(ref["trial_seeds"])] + [(len(ref["trial_seeds"]), ref["trial_seeds"][0], s["seed"] + 7)]
+    second = "passed"
+    child.begin_calls(deadline)
+    for n, seed, normal_seed in trials:
+        xs, desc = stage.generate(ref["ns"], seed, s["inputs"], normal_seed)
+        if normal_seed is None:
+            refs = reference_outputs(ref, n, xs)
+        else:
+            try:
+                refs = reference_forward(ref, xs)
+            except Exception as e:  # noqa: BLE001  (the reference cannot run there: no such trial)
+                second = f"skipped: the reference fails on normal inputs ({error_text(e)[:120]})"
+                break
+            if not all(bool(t.isfinite(r).all()) for r in refs if r.is_floating_point()):
+                second = "skipped: the reference's outputs are not finite on normal inputs"
+                break
+        kept = snapshot(xs)
+        child.call(layout("CALL"), desc, 1, deadline)
+        error = child.outcome_of_call()
+        if error is not None:
+            outcome["trials_run"] = len(checks)
+            return runtime_error(outcome, error)
+        outs = child.outputs(stage, child.out_arena)
+        watched_report()
+        which = "KernelBench's correctness trials" if normal_seed is None else "inputs drawn from a normal distribution"
+        verdict = watch_verdict(len(checks) + 1, which)
+        if verdict is not None:
+            return verdict
+        changed = mutated(kept, xs)
+        if changed is not None:
+            outcome.update(status="incorrect", failed_check="mutation", why=f"the candidate modified input {changed}", trials_run=len(checks) + 1)
+            return outcome
+        check = compare(refs, outs, *tolerance)
+        del xs, refs, kept, outs
+        checks.append(check)
+        if not check["ok"]:
+            if normal_seed is not None:
+                check["why"] = f"on inputs drawn from a normal distribution (same shapes and dtypes): {check['why']}"
+            outcome.update(status="incorrect", trials_run=len(checks), failed_check="second_distribution" if normal_seed is not None else "correctness_trial", **{k: v for k, v in check.items() if k not in ("ok", "scale")})
+            return outcome
+    child.end_calls(deadline)
+    outcome.update(
+        status="correct",
+        trials_run=len(checks),
+        max_abs_err=max(c["max_abs_err"] for c in checks),
+        rel_to_scale=max((c["rel_to_scale"] or 0.0) for c in checks),
+        check_seconds=_clock() - check_began,
+    )
+    outcome["integrity"]["second_distribution"] = second
+
+    # The timed calls.
+    secret = random.SystemRandom()
+    warmup = s["warmup"] + secret.randint(0, 3)
+    checked = max(MIN_CHECKED, round(CHECKED_SHARE * s["trials"])) + secret.randint(0, 3)
+    kinds = ["timed"] * s["trials"] + ["checked"] * checked + ["watched"] * WATCHED
+    secret.shuffle(kinds)
+    kinds = ["warmup"] * warmup + kinds
+    kinds[secret.randrange(warmup)] = "checked"
+    failure = {}
+
+    def on_call(rec, c, xs, outs, seed):
+        """Whether the timing must stop: a watched call that hid a failure
+        or computed with torch in strict mode, or a checked call whose
+        outputs differ or that changed its inputs."""
+        if rec.get("error"):
+            return False
+        if rec["kind"] == "watched":
+            watched_report()
+            verdict = watch_verdict(len(checks), "a timed call")
+            if verdict is not None:
+                failure["verdict"] = verdict
+                return True
+        if rec["kind"] != "checked":
+            return False
+        pristine = make_inputs(ref["ns"], seed, device, s["inputs"])
+        changed = mutated(pristine, xs)
+        if changed is not None:
+            failure["verdict"] = dict(outcome, status="incorrect", failed_check="mutation", why=f"the candidate modified input {changed} on a timed call")
+            return True
+        check = compare(reference_forward(ref, pristine), outs, *tolerance)
+        del pristine
+        if not check["ok"]:
+            where = f"call {rec['step'] + 1} of {len(kinds)}, one of {kinds.count('checked')} the judge chose at random and compared after it returned"
+            failure["verdict"] = dict(outcome, status="incorrect", failed_check="timed_call", why=f"on {where}: {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "scale", "why")})
+            return True
+        return False
+
+    timing_began = _clock()
+    paired = s["paired_eager"] and "eager" in req.get("baselines", ["eager"]) and "error" not in ref["baselines"].get("eager", {"error": 1})
+    callers = [("candidate", child)] + ([("reference", ref["runner"])] if paired else [])
+    records = timed_steps(ref, s, device, callers, kinds, deadline, on_call)
+    errors = [r for r in records if r.get("who") == "candidate" and r.get("error")]
+    if errors:
+        return runtime_error(outcome, errors[0]["error"])
+    if "verdict" in failure:
+        verdict = failure["verdict"]
+        verdict.pop("runtime", None)
+        verdict["integrity"] = outcome["integrity"]
+        return verdict
+    cal = dict(ref["calibration"])
+    run_cal = calibration(records, device)
+    cal["null_ms"] = run_cal["null_ms"]
+    if paired:
+        cal["seal_ms"] = run_cal["seal_ms"]
+    outcome["runtime"] = stats(call_times(records, "candidate", cal, device), clock_name(device))
+    outcome["timing_seconds"] = _clock() - timing_began
+    outcome["integrity"].update(
+        calls=len(kinds), warmup=warmup, checked=kinds.count("checked"), watched=WATCHED,
+        null_ms=cal["null_ms"], seal_ms=cal["seal_ms"],
+    )
+    eager = None
+    if paired:
+        paired_timing = stats(call_times(records, "reference", cal, device), clock_name(device))
+        eager = paired_baseline(paired_timing, ref["baselines"]["eager"])
+    if device.type == "cuda" and ref["calibration"].get("flush_ms"):
+        clean = ref["calibration"]["flush_ms"]
+        flushes = [r["flush_ms"] for r in records if r.get("flush_ms") is not None]
+        busy = median(flushes)
+        outcome["integrity"]["flush_ms"] = busy
+        if busy > max(BUSY_RATIO * clean, clean + BUSY_MARGIN_MS):
+            outcome.pop("runtime", None)
+            outcome.update(status="incorrect", failed_check="work_between_calls", why=f"the GPU was busy with the candidate's work between its calls: the judge's L2 flush took {busy:.3f} ms (median) while its process lived, {clean:.3f} ms with none")
+            return outcome
+
+    # The parameters change in place (the candidate's and the reference's
+    # alike): weights derived from them and kept must be recomputed.
+    if float_parameters(ref["model"]):
+        scaled = child.request({"op": "scale", "factor": PARAMETER_SCALE}, deadline)
+        if not scaled.get("ok"):
+            return runtime_error(outcome, scaled.get("error", "scaling the parameters failed"))
+        child.begin_calls(deadline)
+        xs, desc = stage.generate(ref["ns"], ref["check_seeds"][-1], s["inputs"])
+        refs = scaled_reference_outputs(ref, xs)
+        child.call(layout("CALL"), desc, 0, deadline)
+        error = child.outcome_of_call()
+        if error is not None:
+            return runtime_error(outcome, error)
+        check = compare(refs, child.outputs(stage, child.out_arena), *tolerance)
+        child.end_calls(deadline)
+        del xs, refs
+        if not check["ok"]:
+            outcome.pop("runtime", None)
+            outcome.update(status="incorrect", failed_check="scaled_parameters", why=f"after its parameters were scaled in place by {PARAMETER_SCALE} (as a training step changes them): {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "why", "scale")})
+            return outcome
+    report = child.request({"op": "report"}, deadline)
+    outcome["kernels"] = [k for k in report.get("kernels", []) if isinstance(k, dict)][:64]
+    outcome["torch_ops"] = dict(sorted((k, v) for k, v in torch_ops.items() if k not in MEMORY_OPS))
+    outcome["baselines"] = {k: v for k, v in ref["baselines"].items() if k in req.get("baselines", ["eager"])}
+    if eager is not None:
+        outcome["baselines"]["eager"] = eager
+    return outcome
+
+
+def paired_baseline(paired, alone):
+    """The eager baseline of an evaluation: `paired` (timed beside the
+    candidate) unless it is more than PAIRED_SLOWER_AT_MOST times `alone`
+    (timed before any candidate code ran)."""
+    ratio = paired["mean_ms"] / alone["mean_ms"] if alone["mean_ms"] > 0 else float("inf")
+    if ratio <= PAIRED_SLOWER_AT_MOST:
+        return dict(paired, paired=True, alone_mean_ms=alone["mean_ms"], measured_at=_utc_now())
+    why = (
+        f"eager took {paired['mean_ms']:.4g} ms a call beside the candidate, {ratio:.2f}x its "
+        f"{alone['mean_ms']:.4g} ms alone (at most {PAIRED_SLOWER_AT_MOST}x is allowed): its time alone is the baseline"
+    )
+    return dict(alone, paired=False, why=why)
+
+
+# aten ops that allocate, reshape or move memory without computing anything
+# a problem asks for. Every other op a candidate runs is a torch (library)
+# computation, reported as such.
+MEMORY_OPS = {
+    "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
+    "aten.view", "aten._unsafe_view", "aten.reshape", "aten.contiguous", "aten.clone", "aten.t",
+    "aten.transpose", "aten.permute", "aten.expand", "aten.as_strided", "aten.detach", "aten.alias",
+    "aten.slice", "aten.select", "aten.unsqueeze", "aten.squeeze", "aten.flatten", "aten.unflatten",
+    "aten.lift_fresh", "aten._to_copy", "aten.copy_", "aten.split", "aten.chunk", "aten.unbind",
+    "aten.narrow", "aten.resize_", "aten.set_", "aten.zeros", "aten.zeros_like", "aten.new_zeros",
+    "aten.ones", "aten.ones_like", "aten.full", "aten.full_like", "aten.fill_", "aten.zero_",
+    "aten.sym_size", "aten.sym_stride", "aten.sym_numel", "aten.is_same_size", "aten.record_stream",
+}
+
+
+HANDLERS = {"hello": hello, "prepare": prepare, "eval": evaluate}
+
+
+def main():
+    global _OUT
+    import faulthandler
+
+    # `kill -USR1` prints where every thread of the judge is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Neither a runner nor anything else may trace this process or read its
+    # memory.
+    _libc.prctl(4, ctypes.c_ulong(0), 0, 0, 0)
+    _OUT = os.fdopen(os.dup(1), "w")
+    # Nothing else may write the protocol's channel: stdout becomes stderr.
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except json.JSONDecodeError as e:
+            reply({"id": None, "ok": False, "error": f"request is not JSON: {e}"})
+            continue
+        token = req.get("token")
+        handler = HANDLERS.get(req.get("op"))
+        if handler is None:
+            reply({"id": req.get("id"), "token": token, "ok": False, "error": f"unknown op {req.get('op')!r}"})
+            continue
+        try:
+            reply({"id": req.get("id"), "token": token, "ok": True, "result": handler(req)})
+        except Exception as e:  # noqa: BLE001  (the caller gets every failure as a reply)
+            reply({"id": req.get("id"), "token": token, "ok": False, "error": error_text(e)})
+
+
+if __name__ == "__main__":
+    main()
