@@ -7,7 +7,7 @@ use std::fmt;
 
 use crate::cost::{GraphCost, graph_cost, node_cost};
 use crate::dtype::DType;
-use crate::graph::OpGraph;
+use crate::graph::{NodeId, OpGraph};
 use crate::op::OpClass;
 
 /// Peak rates and bandwidth of one GPU model.
@@ -156,13 +156,7 @@ pub fn roofline(g: &OpGraph, spec: &DeviceSpec, math: MathMode) -> Roofline {
     let mut unfused_s = 0.0;
     for (id, node) in g.nodes() {
         let c = node_cost(g, id);
-        let dtype = g
-            .inputs(id)
-            .first()
-            .map(|&t| g.tensor(t).dtype)
-            .or_else(|| node.outputs.first().map(|t| t.dtype))
-            .unwrap_or(DType::F32);
-        let t_compute = c.flops as f64 / spec.rate(node.op.class(), dtype, math);
+        let t_compute = c.flops as f64 / spec.rate(node.op.class(), node_dtype(g, id), math);
         compute_s += t_compute;
         unfused_s += t_compute.max(c.bytes as f64 / spec.bandwidth());
     }
@@ -180,6 +174,16 @@ pub fn roofline(g: &OpGraph, spec: &DeviceSpec, math: MathMode) -> Roofline {
         bound,
         cost,
     }
+}
+
+/// The dtype a node's math runs in, for its peak rate: its first input's,
+/// else its first output's, else float32.
+pub fn node_dtype(g: &OpGraph, id: NodeId) -> DType {
+    g.inputs(id)
+        .first()
+        .map(|&t| g.tensor(t).dtype)
+        .or_else(|| g.node(id).outputs.first().map(|t| t.dtype))
+        .unwrap_or(DType::F32)
 }
 
 impl fmt::Display for Bound {

@@ -56,9 +56,8 @@ _strftime, _gmtime = time.strftime, time.gmtime
 # The runner's source, given by the caller as the first argument.
 RUNNER_SOURCE = sys.argv[1] if len(sys.argv) > 1 else None
 
-# The cell's layout: the runner's (runner.py) own constants, read from its
-# source so that the two never disagree.
-_LAYOUT = {}
+# The runner's definitions (`from_runner`).
+_RUNNER = {}
 
 # Error texts after which a CUDA context cannot be used again.
 CUDA_FATAL = (
@@ -151,9 +150,7 @@ ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
 
 def error_text(e):
     """An exception's message, cut as `cut_error` cuts."""
-    import traceback
-
-    return cut_error("".join(traceback.format_exception_only(type(e), e)).strip())
+    return cut_error(from_runner("error_text")(e))
 
 
 def cut_error(text):
@@ -197,17 +194,6 @@ def network_state():
     except OSError:
         return "unknown"
     return "none" if not names else "present"
-
-
-def load_module(name, code, filename=None):
-    """Executes the problem's source (trusted) as a fresh module."""
-    import linecache
-
-    filename = filename or name
-    ns = {"__name__": f"mtmc_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"}
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    exec(compile(code, filename, "exec"), ns)
-    return ns
 
 
 def set_seed(seed):
@@ -377,12 +363,12 @@ _CUDA = []
 def cuda_api():
     """The runner's `Cuda` (IPC handles and mappings), one for the judge."""
     if not _CUDA:
-        _CUDA.append(layout("Cuda")())
+        _CUDA.append(from_runner("Cuda")())
     return _CUDA[0]
 
 
 def device_bytes(ptr, n):
-    return layout("device_bytes")(torch(), ptr, n)
+    return from_runner("device_bytes")(torch(), ptr, n)
 
 
 # ---------------------------------------------------------------- inputs
@@ -500,9 +486,44 @@ class Overran(Exception):
     """The runner did not answer within the time left."""
 
 
-class Zygote:
+class Channel:
+    """JSON lines from a process the judge does not trust: each an object,
+    at most 64 MiB waiting, read within a deadline; `gone()` says, while
+    nothing arrives, why the process will never answer."""
+
+    what = "process"
+
+    def line(self, deadline):
+        while b"\n" not in self.buf:
+            left = deadline - _clock()
+            if left <= 0:
+                raise Overran(f"the {self.what} did not answer in time")
+            if not select.select([self.sock], [], [], min(left, 0.5))[0]:
+                why = self.gone()
+                if why:
+                    raise Lost(why)
+                continue
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise Lost(self.gone() or f"the {self.what} closed its channel")
+            self.buf += chunk
+            if len(self.buf) > 64 << 20:
+                raise Lost(f"the {self.what} sent more than the protocol allows")
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            raise Lost(f"the {self.what} sent a line that is not JSON") from None
+        if not isinstance(msg, dict):
+            raise Lost(f"the {self.what} sent a line that is not an object")
+        return msg
+
+
+class Zygote(Channel):
     """The process runners are forked from (runner.py): it imported torch
     once and never touched the GPU."""
+
+    what = "runners' zygote"
 
     def __init__(self):
         if RUNNER_SOURCE is None:
@@ -518,17 +539,9 @@ class Zygote:
         self.buf = b""
         self.ready = None
 
-    def line(self, deadline):
-        while b"\n" not in self.buf:
-            left = deadline - _clock()
-            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
-                raise Overran("the runners' zygote did not answer")
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise Lost("the runners' zygote exited")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+    def gone(self):
+        code = self.proc.poll()
+        return None if code is None else f"the runners' zygote exited ({code})"
 
     def spawn(self, role, device, uid, scratch, deadline):
         if self.ready is None:
@@ -536,13 +549,13 @@ class Zygote:
             debug("zygote ready", self.ready)
         mine, theirs = socket.socketpair()
         cell_fd = os.memfd_create("mtmc-cell")
-        os.ftruncate(cell_fd, layout("CELL_BYTES"))
+        os.ftruncate(cell_fd, from_runner("CELL_BYTES"))
         req = {"role": role, "device": device, "uid": uid, "scratch": scratch}
         socket.send_fds(self.sock, [(json.dumps(req) + "\n").encode()], [theirs.fileno(), cell_fd])
         theirs.close()
         keeper = self.line(deadline)["keeper"]
         debug(f"spawned a {role} runner, keeper {keeper}, uid {uid}")
-        cell = mmap.mmap(cell_fd, layout("CELL_BYTES"))
+        cell = mmap.mmap(cell_fd, from_runner("CELL_BYTES"))
         os.close(cell_fd)
         return Child(role, mine, cell, keeper, device)
 
@@ -558,57 +571,36 @@ def zygote():
     return _ZYGOTE[0]
 
 
-def layout(name):
-    """One of the runner's constants (the cell's layout, call kinds, record
-    kinds, dtypes), read from its source so that the two never disagree."""
-    if not _LAYOUT:
-        ns = {"__name__": "mtmc_runner_layout"}
-        exec(compile(RUNNER_SOURCE, "<mtmc runner layout>", "exec"), ns)
-        _LAYOUT.update({k: v for k, v in ns.items() if k.isupper()})
-    return _LAYOUT[name]
+def from_runner(name):
+    """One of the runner's definitions (the cell's layout, call kinds, record
+    kinds, dtypes, `Cuda`, `device_bytes`, `load_module`, `error_text`), read
+    from its source so that the two never disagree."""
+    if not _RUNNER:
+        ns = {"__name__": "mtmc_runner_definitions"}
+        exec(compile(RUNNER_SOURCE, "<mtmc runner definitions>", "exec"), ns)
+        _RUNNER.update(ns)
+    return _RUNNER[name]
 
 
-class Child:
+class Child(Channel):
     """One runner, from the judge's side."""
 
     def __init__(self, role, sock, cell, keeper, device):
         self.role, self.sock, self.cell, self.keeper, self.device = role, sock, cell, keeper, device
+        self.what = f"{role}'s process"
         self.buf = b""
-        self.seq = struct.unpack_from("<Q", cell, layout("DONE"))[0]
+        self.seq = struct.unpack_from("<Q", cell, from_runner("DONE"))[0]
         self.desc = None
         self.pid = None
         self.pidfd = None
         self.info = None
+        self.out_arena = None
         # The handles of its memory the judge mapped.
         self.opened = set()
         self.dead = False
 
-    # -- the socket
-
-    def line(self, deadline):
-        while b"\n" not in self.buf:
-            left = deadline - _clock()
-            if left <= 0:
-                raise Overran(f"the {self.role}'s process did not answer in time")
-            ready = select.select([self.sock], [], [], min(left, 0.5))[0]
-            if not ready:
-                if not self.alive():
-                    raise Lost(self.exit_text())
-                continue
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise Lost(self.exit_text())
-            self.buf += chunk
-            if len(self.buf) > 64 << 20:
-                raise Lost(f"the {self.role}'s process sent more than the protocol allows")
-        line, self.buf = self.buf.split(b"\n", 1)
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            raise Lost(f"the {self.role}'s process sent a line that is not JSON") from None
-        if not isinstance(msg, dict):
-            raise Lost(f"the {self.role}'s process sent a line that is not an object")
-        return msg
+    def gone(self):
+        return None if self.alive() else self.exit_text()
 
     def wait_ready(self, deadline):
         if self.info is None:
@@ -663,7 +655,7 @@ class Child:
         waited = _clock() + 1.0
         code = 0
         while code == 0 and _clock() < waited:
-            code = struct.unpack_from("<i", self.cell, layout("EXIT_INFO"))[0]
+            code = struct.unpack_from("<i", self.cell, from_runner("EXIT_INFO"))[0]
             if code == 0:
                 time.sleep(0.01)
         if code >= 1000:
@@ -682,7 +674,7 @@ class Child:
             raise Lost(f"the {self.role}'s process did not start serving calls")
 
     def end_calls(self, deadline):
-        self.call(layout("STOP"), None, 0, deadline)
+        self.call(from_runner("STOP"), None, 0, deadline)
         msg = self.line(deadline)
         if not msg.get("served"):
             raise Lost(f"the {self.role}'s process did not stop serving calls")
@@ -691,18 +683,18 @@ class Child:
         """One call: the host times at release and at `done`."""
         cell = self.cell
         if desc is not None and desc != self.desc:
-            if len(desc) > layout("IN_MAX"):
+            if len(desc) > from_runner("IN_MAX"):
                 raise RuntimeError("the inputs' descriptor is larger than the cell")
-            cell[layout("IN_BASE"):layout("IN_BASE") + len(desc)] = desc
-            struct.pack_into("<I", cell, layout("IN_LEN"), len(desc))
+            cell[from_runner("IN_BASE"):from_runner("IN_BASE") + len(desc)] = desc
+            struct.pack_into("<I", cell, from_runner("IN_LEN"), len(desc))
             self.desc = desc
-        struct.pack_into("<II", cell, layout("KIND"), kind, watch)
+        struct.pack_into("<II", cell, from_runner("KIND"), kind, watch)
         self.seq += 1
         seq = self.seq
-        done_at = layout("DONE")
+        done_at = from_runner("DONE")
         spin = self.device == "cuda"
         t0 = _clock()
-        struct.pack_into("<Q", cell, layout("GO"), seq)
+        struct.pack_into("<Q", cell, from_runner("GO"), seq)
         n = 0
         # On a GPU both sides spin (a wake-up would count in the call's
         # time); on the CPU they share the cores with the call, and sleep.
@@ -720,48 +712,48 @@ class Child:
 
     def outcome_of_call(self):
         """`None` after a normal return, else the error text it raised."""
-        status, _count, err = struct.unpack_from("<III", self.cell, layout("OUT_STATUS"))
-        if status == layout("OUT_EXCEPTION"):
-            base = layout("ERR_BASE")
-            return self.cell[base:base + min(err, layout("ERR_MAX"))].decode(errors="replace")
+        status, _count, err = struct.unpack_from("<III", self.cell, from_runner("OUT_STATUS"))
+        if status == from_runner("OUT_EXCEPTION"):
+            base = from_runner("ERR_BASE")
+            return self.cell[base:base + min(err, from_runner("ERR_MAX"))].decode(errors="replace")
         return None
 
     def watch_report(self):
-        n = struct.unpack_from("<I", self.cell, layout("WATCH_LEN"))[0]
-        base = layout("WATCH_BASE")
+        n = struct.unpack_from("<I", self.cell, from_runner("WATCH_LEN"))[0]
+        base = from_runner("WATCH_BASE")
         try:
-            report = json.loads(self.cell[base:base + min(n, layout("WATCH_MAX"))])
+            report = json.loads(self.cell[base:base + min(n, from_runner("WATCH_MAX"))])
         except ValueError:
             return {"torch_ops": {}, "swallowed": ["the watch report is unreadable"]}
         if not isinstance(report, dict):
             return {"torch_ops": {}, "swallowed": ["the watch report is unreadable"]}
         return report
 
-    def outputs(self, stage, out_arena):
+    def outputs(self, stage):
         """The judge's own copies of the call's outputs (a reason instead of
         a tensor where one cannot be read)."""
         t = torch()
-        _status, count = struct.unpack_from("<II", self.cell, layout("OUT_STATUS"))
-        if count > layout("OUT_MAX"):
-            return [f"the candidate returned more than {layout('OUT_MAX')} outputs"]
+        _status, count = struct.unpack_from("<II", self.cell, from_runner("OUT_STATUS"))
+        if count > from_runner("OUT_MAX"):
+            return [f"the candidate returned more than {from_runner('OUT_MAX')} outputs"]
         outs = []
-        dtypes = layout("DTYPES")
+        dtypes = from_runner("DTYPES")
         for k in range(count):
-            base = layout("OUT_BASE") + k * layout("OUT_RECORD")
+            base = from_runner("OUT_BASE") + k * from_runner("OUT_RECORD")
             kind, _pad, handle, offset, dtype, dims = struct.unpack_from("<II64sQII", self.cell, base)
             shape = list(struct.unpack_from("<8q", self.cell, base + 88))[: min(dims, 8)]
             stride = list(struct.unpack_from("<8q", self.cell, base + 152))[: min(dims, 8)]
-            if kind == layout("REC_NOT_TENSOR"):
+            if kind == from_runner("REC_NOT_TENSOR"):
                 name = handle.split(b"\0")[0].decode(errors="replace")
                 outs.append(f"the candidate returned {name}, not a plain torch.Tensor")
                 continue
-            if kind == layout("REC_TOO_LARGE"):
+            if kind == from_runner("REC_TOO_LARGE"):
                 outs.append("the candidate's output is larger than the reference's space for it")
                 continue
-            if kind == layout("REC_OTHER_DEVICE"):
+            if kind == from_runner("REC_OTHER_DEVICE"):
                 outs.append(f"the result is not on the {self.device} device the reference is on")
                 continue
-            if kind != layout("REC_TENSOR") or dtype >= len(dtypes) or any(s < 0 for s in shape):
+            if kind != from_runner("REC_TENSOR") or dtype >= len(dtypes) or any(s < 0 for s in shape):
                 outs.append("the candidate's output could not be read")
                 continue
             tdtype = getattr(t, dtypes[dtype])
@@ -773,7 +765,7 @@ class Child:
                     outs.append(self.read_device(stage, handle, offset, tdtype, shape, stride))
                 else:
                     esize = t.empty(0, dtype=tdtype).element_size()
-                    raw = out_arena
+                    raw = self.out_arena
                     if offset % esize or offset + numel * esize > raw.numel():
                         raise ValueError("out of the arena")
                     outs.append(raw[offset:offset + numel * esize].view(tdtype).view(shape).clone())
@@ -965,7 +957,8 @@ def reference_side(problem, req, device, deadline):
 
 def build_reference(problem, s, device, deadline):
     t = torch()
-    ns = load_module(problem.get("name", "problem"), problem["code"])
+    name = problem.get("name", "problem")
+    ns = from_runner("load_module")(name, problem["code"], name)
     init = ns["get_init_inputs"]()
     with t.no_grad():
         set_seed(s["seed"])
@@ -1033,8 +1026,6 @@ def load_into(child, problem, candidate, cls, s, device, ref, deadline):
         child.out_arena = torch().frombuffer(child.out_map, dtype=torch().uint8)
         msg.update(in_bytes=ref["stage"].nbytes, out_bytes=ref["out_bytes"])
         fds = (ref["stage"].fd, out_fd)
-    else:
-        child.out_arena = None
     try:
         reply_ = child.request(msg, deadline, fds)
     finally:
@@ -1272,24 +1263,23 @@ def timed_steps(ref, s, device, callers, kinds, deadline, on_call=None):
     alternates), each after an L2 flush. A call of kind `checked` ends with
     the judge copying its outputs (`on_call` checks them); any other ends
     with an event on the judge's stream. Returns a record per call."""
-    t = torch()
-    secret = random.SystemRandom()
-    stage = ref["stage"]
-    cuda = device.type == "cuda"
     null_runner = ref["runner"]
     serving = [null_runner] + [c for _, c in callers if c is not null_runner]
     for c in serving:
         c.begin_calls(deadline)
     try:
-        return steps_of(ref, s, device, callers, kinds, deadline, on_call, stage, cuda, null_runner, secret)
+        return steps_of(ref, s, device, callers, kinds, deadline, on_call)
     finally:
         for c in serving:
             if c.alive():
                 c.end_calls(deadline)
 
 
-def steps_of(ref, s, device, callers, kinds, deadline, on_call, stage, cuda, null_runner, secret):
+def steps_of(ref, s, device, callers, kinds, deadline, on_call):
+    """`timed_steps` while the runners serve calls."""
     t = torch()
+    secret = random.SystemRandom()
+    stage, cuda, null_runner = ref["stage"], device.type == "cuda", ref["runner"]
     records = []
     for step, kind in enumerate(kinds):
         seed = secret.getrandbits(62)
@@ -1307,13 +1297,13 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, stage, cuda, nul
                 b.record()
                 b.synchronize()
                 flush_ms = a.elapsed_time(b)
-            t0, t_done = child.call(layout("NULL") if who == "null" else layout("CALL"), desc, int(kind == "watched"), deadline)
+            t0, t_done = child.call(from_runner("NULL") if who == "null" else from_runner("CALL"), desc, int(kind == "watched"), deadline)
             error = child.outcome_of_call()
             if error is not None and who == "null":
                 raise RuntimeError(f"the reference runner failed a call that does nothing: {error}")
             outs = None
             if kind == "checked" and who == "candidate" and error is None:
-                outs = child.outputs(stage, child.out_arena)
+                outs = child.outputs(stage)
             elif cuda:
                 e = t.cuda.Event()
                 e.record()
@@ -1344,11 +1334,7 @@ def prepare(req):
     deadline = began + float(req.get("limit_seconds", 600))
     ref = reference_side(req["problem"], req, device, deadline)
     start_spare(device)
-    return {"seconds": _clock() - began, "baselines": public_baselines(ref), "refs_kept": ref["refs_kept"], "calibration": ref["calibration"]}
-
-
-def public_baselines(ref):
-    return {k: v for k, v in ref["baselines"].items()}
+    return {"seconds": _clock() - began, "baselines": dict(ref["baselines"]), "refs_kept": ref["refs_kept"], "calibration": ref["calibration"]}
 
 
 def runtime_error(outcome, text):
@@ -1460,12 +1446,12 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
                 second = "skipped: the reference's outputs are not finite on normal inputs"
                 break
         kept = snapshot(xs)
-        child.call(layout("CALL"), desc, 1, deadline)
+        child.call(from_runner("CALL"), desc, 1, deadline)
         error = child.outcome_of_call()
         if error is not None:
             outcome["trials_run"] = len(checks)
             return runtime_error(outcome, error)
-        outs = child.outputs(stage, child.out_arena)
+        outs = child.outputs(stage)
         watched_report()
         which = "KernelBench's correctness trials" if normal_seed is None else "inputs drawn from a normal distribution"
         verdict = watch_verdict(len(checks) + 1, which)
@@ -1576,11 +1562,11 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         child.begin_calls(deadline)
         xs, desc = stage.generate(ref["ns"], ref["check_seeds"][-1], s["inputs"])
         refs = scaled_reference_outputs(ref, xs)
-        child.call(layout("CALL"), desc, 0, deadline)
+        child.call(from_runner("CALL"), desc, 0, deadline)
         error = child.outcome_of_call()
         if error is not None:
             return runtime_error(outcome, error)
-        check = compare(refs, child.outputs(stage, child.out_arena), *tolerance)
+        check = compare(refs, child.outputs(stage), *tolerance)
         child.end_calls(deadline)
         del xs, refs
         if not check["ok"]:

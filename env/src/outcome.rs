@@ -478,10 +478,10 @@ impl Outcome {
 /// the fastest math a float problem's tolerance could allow (TF32 or half
 /// precision on tensor cores; convolutions left out, which Winograd and FFT
 /// algorithms compute with fewer), or writing the outputs that do not fit in
-/// L2 once at peak bandwidth (outputs that are views of inputs left out),
-/// (a reshape, transpose, broadcast, slice or `contiguous` can return its
-/// input), whichever is longer. Every figure is the datasheet's, so a real kernel
-/// stays above it.
+/// L2 once at peak bandwidth, whichever is longer. Outputs that can be views
+/// of inputs (a reshape, transpose, broadcast, slice or `contiguous` of one)
+/// write nothing. Every figure is the datasheet's, so a real kernel stays
+/// above it.
 pub fn plausible_floor(graph: &OpGraph, device: &DeviceSpec) -> f64 {
     use mtmc_actions::op::{Layout, Op, OpClass};
     let fastest = MathMode {
@@ -498,12 +498,7 @@ pub fn plausible_floor(graph: &OpGraph, device: &DeviceSpec) -> f64 {
         if !cost.exact {
             continue;
         }
-        let dtype = graph
-            .inputs(id)
-            .first()
-            .map(|&t| graph.tensor(t).dtype)
-            .or_else(|| node.outputs.first().map(|t| t.dtype))
-            .unwrap_or(mtmc_actions::DType::F32);
+        let dtype = mtmc_actions::device::node_dtype(graph, id);
         compute_s += cost.flops as f64 / device.rate(node.op.class(), dtype, fastest);
     }
     let mut written: Vec<_> = graph.outputs().to_vec();
