@@ -483,7 +483,12 @@ class Lost(Exception):
 
 
 class Overran(Exception):
-    """The runner did not answer within the time left."""
+    """The runner did not answer within the time left; `detail` says what
+    it was doing then."""
+
+    def __init__(self, text, detail=None):
+        super().__init__(text)
+        self.detail = detail
 
 
 class Channel:
@@ -650,6 +655,24 @@ class Child(Channel):
         except PermissionError:
             return True
 
+    def state_text(self):
+        """What the kernel says the runner is doing, for a call that did not
+        return."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                stat = f.read()
+            state = stat[stat.rfind(")") + 2:].split()[0]
+        except (OSError, IndexError, TypeError):
+            return "its process could not be inspected"
+        names = {"R": "running", "S": "sleeping", "D": "waiting on a device", "T": "stopped", "t": "stopped by a tracer", "Z": "a zombie"}
+        try:
+            with open(f"/proc/{self.pid}/wchan") as f:
+                wchan = f.read().strip()
+        except OSError:
+            wchan = ""
+        where = f" in {wchan}" if wchan and wchan != "0" else ""
+        return f"its process is {names.get(state, state)}{where}"
+
     def exit_text(self):
         # The keeper writes how the runner ended just after it ended.
         waited = _clock() + 1.0
@@ -703,7 +726,7 @@ class Child(Channel):
             n += 1
             if n & every == 0:
                 if _clock() > deadline:
-                    raise Overran(f"the {self.role}'s call did not return in time")
+                    raise Overran(f"the {self.role}'s call did not return in time", f"the call had waited {_clock() - t0:.1f} s; {self.state_text()}")
                 if not self.alive():
                     raise Lost(self.exit_text())
                 if not spin:
@@ -1371,7 +1394,8 @@ def evaluate(req):
         return judge_candidate(req, s, ref, child, outcome, device, deadline)
     except Overran as e:
         outcome.pop("runtime", None)
-        outcome.update(status="timeout", error=f"{e} (limit {limit:.0f} s); its process was stopped")
+        detail = f" ({e.detail})" if e.detail else ""
+        outcome.update(status="timeout", error=f"{e} (limit {limit:.0f} s); its process was stopped{detail}")
         return outcome
     except Lost as e:
         outcome.pop("runtime", None)

@@ -109,6 +109,11 @@ def zygote(ctl_fd):
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_DUMPABLE, 0)
     ctl = socket.socket(fileno=ctl_fd)
+    # Every runner is forked from here: no thread may be running at a fork
+    # (one holding a lock would leave it held in the child), and numpy's
+    # BLAS starts a pool of them at import unless told otherwise.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
     preloaded = []
     for name in ("numpy", "torch", "torch.nn.functional", "torch.utils._python_dispatch", "triton", "triton.language", "cupy"):
         try:
@@ -119,7 +124,10 @@ def zygote(ctl_fd):
     if "torch" in preloaded:
         import torch._dynamo  # noqa: F401  (its import wraps torch functions)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    send_line(ctl, {"ready": True, "pid": os.getpid(), "preloaded": preloaded})
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        log(f"the zygote runs {threads} threads after its imports: a runner forked from it may find a lock held")
+    send_line(ctl, {"ready": True, "pid": os.getpid(), "preloaded": preloaded, "threads": threads})
     buf = b""
     while True:
         msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 4)
