@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use crate::{cmd, source};
+use crate::cmd;
+use mtmc_search::source;
 
 /// Writes fast GPU kernels for KernelBench problems and intent descriptions.
 #[derive(Parser)]
@@ -162,14 +163,14 @@ pub(crate) enum Command {
         /// The code to write: CUDA, or Triton (KernelBench problems only;
         /// what the Triton coder has no template for stays torch calls).
         #[arg(long, value_enum, default_value = "cuda")]
-        target: cmd::bench::Target,
+        target: mtmc_search::optimize::Target,
         /// Who writes the kernels: the template coder, or an LLM (configure
         /// it with --llm-config or the flags below; see the README).
         #[arg(long, value_enum, default_value = "template")]
         coder: CoderKind,
         /// Who writes the critique of each outcome for the LLM coder.
         #[arg(long, value_enum, default_value = "rules")]
-        critic: cmd::optimize::Critic,
+        critic: mtmc_search::optimize::Critic,
         /// Repair steps per region for the LLM coder (fix compile, fix
         /// correctness) [default: 2].
         #[arg(long)]
@@ -187,7 +188,7 @@ pub(crate) enum Command {
         /// Search with a planner instead of the built-in variants: random,
         /// greedy, exhaustive, or a checkpoint folder from `mtmc train`.
         #[arg(long, value_name = "PLANNER")]
-        planner: Option<cmd::plan::Choice>,
+        planner: Option<mtmc_search::plan::Choice>,
         /// Evaluations the planner may spend.
         #[arg(long, default_value_t = 8, value_parser = parse_budget, requires = "planner")]
         budget: usize,
@@ -217,10 +218,10 @@ pub(crate) enum Command {
         levels: Vec<u32>,
         /// Which problems of the fixed train/test split.
         #[arg(long, value_enum, default_value = "train")]
-        split: cmd::plan::Split,
+        split: mtmc_search::plan::Split,
         /// The exploring planner: random, greedy, exhaustive or a checkpoint.
         #[arg(long, default_value = "random")]
-        planner: cmd::plan::Choice,
+        planner: mtmc_search::plan::Choice,
         /// Episodes per problem.
         #[arg(long, default_value_t = 2)]
         episodes: usize,
@@ -273,7 +274,7 @@ pub(crate) enum Command {
         levels: Vec<u32>,
         /// Which problems of the fixed train/test split.
         #[arg(long, value_enum, default_value = "all")]
-        split: cmd::plan::Split,
+        split: mtmc_search::plan::Split,
         /// The trajectory store (not a gzipped one: it is written; a
         /// gzipped one with --dry-run).
         #[arg(long, value_name = "FILE", default_value = "mtmc-trajectories.sqlite")]
@@ -366,7 +367,7 @@ pub(crate) enum Command {
         budget: usize,
         /// Which problems of the split.
         #[arg(long, value_enum, default_value = "test")]
-        split: cmd::plan::Split,
+        split: mtmc_search::plan::Split,
         /// Only the split's problems of this level (repeatable; every
         /// level when none is given).
         #[arg(long = "level", value_name = "N")]
@@ -508,7 +509,7 @@ pub(crate) enum Command {
         out: PathBuf,
         /// The code to write.
         #[arg(long, value_enum, default_value = "cuda")]
-        target: cmd::bench::Target,
+        target: mtmc_search::optimize::Target,
         /// Seconds before a candidate's evaluation is stopped.
         #[arg(long, default_value_t = 60, value_parser = parse_count::<u64>)]
         timeout: u64,
@@ -554,9 +555,9 @@ impl SubjectArgs {
     pub(crate) fn resolve<'a>(
         &'a self,
         kb: Option<&'a std::path::Path>,
-    ) -> Result<cmd::show::Subject<'a>> {
+    ) -> Result<mtmc_search::subject::Subject<'a>> {
         if let Some(name) = self.problem.as_deref() {
-            return Ok(cmd::show::Subject::Problem {
+            return Ok(mtmc_search::subject::Subject::Problem {
                 kernelbench: kb,
                 name,
             });
@@ -571,7 +572,10 @@ impl SubjectArgs {
 
     /// The subject with its intent text given (`Some`: one written from
     /// --intent-text) or from the flags.
-    pub(crate) fn resolve_text(&self, written: Option<String>) -> Result<cmd::show::Subject<'_>> {
+    pub(crate) fn resolve_text(
+        &self,
+        written: Option<String>,
+    ) -> Result<mtmc_search::subject::Subject<'_>> {
         let (text, origin) = match (written, &self.intent, &self.intent_file) {
             (Some(t), _, _) => (t, "--intent-text".to_string()),
             (None, Some(t), _) => (t.clone(), "--intent".to_string()),
@@ -590,7 +594,7 @@ impl SubjectArgs {
         let dtype = mtmc_actions::DType::parse(dtype).with_context(|| {
             format!("--dtype `{dtype}` is not a type (use f16, bf16, f32 or f64)")
         })?;
-        Ok(cmd::show::Subject::Intent {
+        Ok(mtmc_search::subject::Subject::Intent {
             text,
             origin,
             bindings: mtmc_actions::intent::Bindings {
@@ -618,7 +622,7 @@ fn parse_gamma(s: &str) -> std::result::Result<f64, String> {
 /// An --out folder: a path that is not a file (it is made when missing).
 fn parse_out_dir(s: &str) -> std::result::Result<PathBuf, String> {
     let path = PathBuf::from(s);
-    match cmd::out_dir_refused(&path) {
+    match mtmc_search::files::out_dir_refused(&path) {
         Some(why) => Err(why),
         None => Ok(path),
     }

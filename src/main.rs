@@ -5,9 +5,8 @@
 
 mod cli;
 mod cmd;
-mod fmt;
-mod interrupt;
-mod source;
+
+use mtmc_search::interrupt;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -113,7 +112,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         "--strict works with the built-in search: drop --planner (the planner's moves include calling the library, and its report lists the library calls)"
                     );
                 }
-                if coder != CoderKind::Template || target != cmd::bench::Target::Cuda {
+                if coder != CoderKind::Template || target != mtmc_search::optimize::Target::Cuda {
                     anyhow::bail!(
                         "--planner drives the template coder's CUDA kernels: drop --coder llm and --target triton"
                     );
@@ -123,13 +122,13 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         "--planner searches KernelBench problems; for an intent, drop --planner"
                     );
                 };
-                return cmd::plan::optimize(
+                return mtmc_search::plan::optimize(
                     out,
-                    cmd::plan::OptimizeRequest {
+                    mtmc_search::plan::OptimizeRequest {
                         kernelbench: kb,
                         name,
                         planner,
-                        settings: cmd::plan::PlanSettings {
+                        settings: mtmc_search::plan::PlanSettings {
                             budget,
                             near_roofline: 0.9,
                             verbose,
@@ -141,7 +140,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                             rejudge: true,
                             // The knowledge base the planner trained
                             // with: the training problems'.
-                            knowledge: cmd::plan::Split::Train,
+                            knowledge: mtmc_search::plan::Split::Train,
                         },
                         store: trajectories.as_deref(),
                         out_dir: &out_dir,
@@ -151,7 +150,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     },
                 );
             }
-            if coder == CoderKind::Template && critic != cmd::optimize::Critic::Rules {
+            if coder == CoderKind::Template && critic != mtmc_search::optimize::Critic::Rules {
                 anyhow::bail!(
                     "--critic {} steers the LLM coder: add --coder llm (the template coder takes no critique)",
                     critic
@@ -182,18 +181,18 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             };
             let coder = match (coder, client) {
                 (CoderKind::Llm, Some(client)) => {
-                    cmd::optimize::Coder::Llm(cmd::optimize::LlmRun {
+                    mtmc_search::optimize::Coder::Llm(mtmc_search::optimize::LlmRun {
                         client,
                         critic,
                         repairs: repairs.unwrap_or(2),
                         verbose,
                     })
                 }
-                _ => cmd::optimize::Coder::Template,
+                _ => mtmc_search::optimize::Coder::Template,
             };
-            cmd::optimize::run(
+            mtmc_search::optimize::run(
                 out,
-                cmd::optimize::Request {
+                mtmc_search::optimize::Request {
                     subject,
                     out_dir: &out_dir,
                     timeout: std::time::Duration::from_secs(timeout),
@@ -216,9 +215,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             beyond,
             shallow_first,
             rejudge_changed,
-        } => cmd::plan::explore(
+        } => mtmc_search::plan::explore(
             out,
-            cmd::plan::ExploreRequest {
+            mtmc_search::plan::ExploreRequest {
                 kernelbench: kb,
                 names: &problems,
                 levels: &levels,
@@ -229,7 +228,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 store: &trajectories,
                 timeout: std::time::Duration::from_secs(timeout),
                 seed,
-                beyond: cmd::plan::Beyond {
+                beyond: mtmc_search::plan::Beyond {
                     kinds: &beyond,
                     shallow_first,
                 },
@@ -244,9 +243,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             timeout,
             dry_run,
             failed,
-        } => cmd::plan::rejudge(
+        } => mtmc_search::plan::rejudge(
             out,
-            cmd::plan::RejudgeRequest {
+            mtmc_search::plan::RejudgeRequest {
                 kernelbench: kb,
                 names: &problems,
                 levels: &levels,
@@ -272,9 +271,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             resume,
             device,
             validation,
-        } => cmd::plan::train(
+        } => mtmc_search::plan::train(
             out,
-            cmd::plan::TrainRequest {
+            mtmc_search::plan::TrainRequest {
                 store: &trajectories,
                 out_dir: &out_dir,
                 device,
@@ -314,9 +313,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             side_by_side,
         } => {
             if !live {
-                return cmd::plan::compare(
+                return mtmc_search::plan::compare(
                     out,
-                    cmd::plan::CompareRequest {
+                    mtmc_search::plan::CompareRequest {
                         store: &trajectories,
                         checkpoint: checkpoint.as_deref(),
                         budget,
@@ -339,9 +338,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     "--recorded-by chooses which recorded outcomes a replay reads; a live comparison judges every program now: drop one of --live and --recorded-by"
                 );
             }
-            cmd::live::compare_live(
+            mtmc_search::live::compare_live(
                 out,
-                cmd::live::LiveRequest {
+                mtmc_search::live::LiveRequest {
                     kernelbench: kb,
                     store: &trajectories,
                     checkpoint: checkpoint.as_deref(),
@@ -360,7 +359,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 },
             )
         }
-        Command::Merge { into, from } => cmd::plan::merge(out, &into, &from),
+        Command::Merge { into, from } => mtmc_search::plan::merge(out, &into, &from),
         Command::LlmCheck { llm } => cmd::llm::check(out, &llm),
         Command::LlmReplay {
             reply,
@@ -377,9 +376,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             timeout,
             fresh,
             strict,
-        } => cmd::bench::run(
+        } => mtmc_search::bench::run(
             out,
-            cmd::bench::Request {
+            mtmc_search::bench::Request {
                 kernelbench: kb,
                 names: &problems,
                 levels: &levels,
@@ -397,9 +396,9 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             no_slow,
             timeout,
             json,
-        } => cmd::bench_env::run(
+        } => mtmc_search::bench_env::run(
             out,
-            cmd::bench_env::Request {
+            mtmc_search::bench_env::Request {
                 kernelbench: kb,
                 copies,
                 triton_copies,

@@ -25,8 +25,7 @@ use mtmc_actions::graph::OpGraph;
 
 use crate::action::Action;
 use crate::program::{Fragment, Program};
-use crate::session::Failure;
-use crate::template::Refusal;
+use serde::Serialize;
 
 /// What every coder does: given the last good program, the graph and one
 /// action, write one fragment, or refuse with the reason.
@@ -79,4 +78,41 @@ impl<T: MicroCoder + ?Sized> MicroCoder for &T {
     fn halted(&self) -> Option<String> {
         (**self).halted()
     }
+}
+
+/// Why a coder wrote nothing for an action.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
+impl Refusal {
+    /// A refusal with its reason.
+    pub fn new(why: impl Into<String>) -> Refusal {
+        Refusal(why.into())
+    }
+}
+
+/// Where a step failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The coder wrote nothing.
+    Refused,
+    /// The fragment did not compile.
+    Compile,
+    /// The program ran and was judged wrong (or failed to run).
+    Outcome,
+}
+
+/// A rolled-back step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Failure {
+    /// The action.
+    pub action: Action,
+    /// Where it failed.
+    pub stage: Stage,
+    /// The fragment's source, when one was written.
+    pub fragment: Option<String>,
+    /// The reason: the refusal, the compiler log, or the outcome's verdict.
+    pub log: String,
 }

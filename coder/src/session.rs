@@ -6,36 +6,11 @@
 use mtmc_actions::graph::OpGraph;
 use mtmc_env::nvrtc::{self, Arch, CompileUnit};
 use mtmc_env::triton::{self, TritonUnit};
-use serde::Serialize;
 
 use crate::MicroCoder;
 use crate::action::Action;
 use crate::program::{Fragment, Lang, Program};
-
-/// Where a step failed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Stage {
-    /// The coder wrote nothing.
-    Refused,
-    /// The fragment did not compile.
-    Compile,
-    /// The program ran and was judged wrong (or failed to run).
-    Outcome,
-}
-
-/// A rolled-back step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Failure {
-    /// The action.
-    pub action: Action,
-    /// Where it failed.
-    pub stage: Stage,
-    /// The fragment's source, when one was written.
-    pub fragment: Option<String>,
-    /// The reason: the refusal, the compiler log, or the outcome's verdict.
-    pub log: String,
-}
+pub use crate::{Failure, Stage};
 
 /// A coder working on one graph, with the last good program.
 pub struct Session<'g, C> {

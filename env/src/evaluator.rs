@@ -16,6 +16,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub use crate::error::EvalError;
 use crate::native::{CudaProgram, GraphSource, NativeEvaluator};
 use crate::nvrtc::{self, Arch, CompileUnit, KernelResources, NvrtcError, SmLimits};
 use crate::outcome::{EvaluatorKind, KernelReport, Outcome, Status};
@@ -61,21 +62,6 @@ impl Candidate {
             Candidate::Python { name, .. } | Candidate::Cuda { name, .. } => name,
         }
     }
-}
-
-/// Why an evaluator gave no outcome at all (a candidate's own failures are
-/// outcomes, not errors).
-#[derive(Debug, thiserror::Error)]
-pub enum EvalError {
-    /// The worker could not be used.
-    #[error(transparent)]
-    Worker(#[from] WorkerError),
-    /// NVRTC could not be used.
-    #[error(transparent)]
-    Nvrtc(#[from] NvrtcError),
-    /// This evaluator cannot judge this kind of candidate or problem.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 /// One way of judging candidates.

@@ -3,7 +3,8 @@
 //!
 //! - [`python`]: finding the Python interpreter that has torch;
 //! - [`evaluator`]: the `Evaluator` interface and the worker and
-//!   compile-only evaluators; [`outcome`]: what an evaluation found;
+//!   compile-only evaluators; [`error`]: why one gave no outcome;
+//!   [`outcome`]: what an evaluation found;
 //! - [`mod@bench`]: the candidates `mtmc bench-env` times;
 //! - [`pool`]: one worker per GPU, candidates dispatched concurrently;
 //! - [`native`]: CUDA programs with a launch plan, run through cudarc in a
@@ -21,6 +22,7 @@
 //! interpreter is missing; every probe returns what it found or why not.
 
 pub mod bench;
+pub mod error;
 pub mod evaluator;
 pub mod native;
 pub mod nvrtc;

@@ -2,6 +2,7 @@
 //! vLLM, Ollama, llama.cpp server) and Anthropic messages.
 //!
 //! - [`config`]: the `[llm]` settings (file and flags), the key's variable;
+//! - [`message`]: a prompt and its messages, a reply and its usage;
 //! - [`client`]: requests with limits, retries with backoff and jitter
 //!   (honouring `retry-after`), a circuit breaker, a bound on requests in
 //!   flight, token and cost accounting, the response cache;
@@ -19,6 +20,7 @@
 pub mod client;
 pub mod config;
 pub mod extract;
+pub mod message;
 pub mod replay;
 pub mod store;
 

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::LlmError;
-use crate::client::{Finish, Reply, Usage};
+use crate::message::{Finish, Reply, Usage};
 
 /// An open store.
 pub struct Store {

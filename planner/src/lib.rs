@@ -8,8 +8,8 @@
 //! - [`features`]: the graph features and the observation vector;
 //! - [`store`]: the SQLite trajectory store and the knowledge base;
 //! - [`tree`]: the offline environment on the recorded trajectory tree;
-//! - [`policy`], [`ppo`], [`train`]: the network, PPO with GAE, training
-//!   with curves and checkpoints;
+//! - [`policy`], [`ppo`], [`settings`], [`train`]: the network, PPO with
+//!   GAE and its settings, training with curves and checkpoints;
 //! - [`rtg`]: the reward-to-go model;
 //! - [`planners`]: trained, random, greedy and exhaustive planners;
 //! - [`rng`]: the seeded generator everything random draws from.
@@ -22,6 +22,7 @@ pub mod policy;
 pub mod ppo;
 pub mod rng;
 pub mod rtg;
+pub mod settings;
 pub mod space;
 pub mod store;
 pub mod train;

@@ -190,7 +190,7 @@ pub struct Meta {
     /// PPO's settings it was trained with, so that a resumed run goes on
     /// with them (absent in checkpoints of earlier builds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ppo: Option<crate::ppo::PpoConfig>,
+    pub ppo: Option<crate::settings::PpoConfig>,
     /// The problems it was trained on: their count and a digest of their
     /// names ([`crate::train::problems_digest`]), so that a resumed run
     /// trains on the same ones (absent in checkpoints of earlier builds).

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use mtmc_env::nvrtc::{Arch, CompileUnit, SmLimits, compile, occupancy};
 
-use crate::fmt::{si, table};
+use mtmc_search::fmt::{si, table};
 
 /// Compiles `file` for sm_90 and prints diagnostics and per-kernel resources,
 /// with the theoretical occupancy at `block` threads per block.

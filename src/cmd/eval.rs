@@ -22,7 +22,7 @@ use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
 use mtmc_env::pool::WorkerPool;
 use mtmc_env::worker::{Protocol, WorkerError, WorkerSlot};
 
-use crate::source::{Problems, cache_dir};
+use mtmc_search::source::{Problems, cache_dir};
 
 /// Which evaluator `mtmc eval` uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -41,7 +41,7 @@ pub enum Choice {
 /// What `mtmc eval` was asked to do.
 pub struct Request<'a> {
     /// The problem or intent.
-    pub subject: crate::cmd::show::Subject<'a>,
+    pub subject: mtmc_search::subject::Subject<'a>,
     /// Candidates' Python sources (each defines `ModelNew`), evaluated in
     /// order by one worker slot.
     pub candidates: &'a [PathBuf],
@@ -69,9 +69,9 @@ pub struct Request<'a> {
 
 /// The problem as the evaluators see it, and its graph when it has one.
 fn resolve(
-    subject: &crate::cmd::show::Subject<'_>,
+    subject: &mtmc_search::subject::Subject<'_>,
 ) -> Result<(String, ProblemSource, Option<OpGraph>)> {
-    use crate::cmd::show::Subject;
+    use mtmc_search::subject::Subject;
     match subject {
         Subject::Problem { kernelbench, name } => {
             let problems = Problems::load(*kernelbench)?;
@@ -290,12 +290,12 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     for c in &candidates {
         if judges.kind_for(c)? == EvaluatorKind::Worker && problem.code.is_empty() {
             match &req.subject {
-                crate::cmd::show::Subject::Problem { .. } => bail!(
+                mtmc_search::subject::Subject::Problem { .. } => bail!(
                     "`mtmc eval` needs {title}'s code to run {}, and the built-in set has graphs only: pass --kernelbench PATH \
                      (a problems.jsonl or a KernelBench checkout)",
                     c.name()
                 ),
-                crate::cmd::show::Subject::Intent { .. } => bail!(
+                mtmc_search::subject::Subject::Intent { .. } => bail!(
                     "{} is Python, and an intent has no PyTorch model to check it against: write the candidate as a CUDA program (.json)",
                     c.name()
                 ),

@@ -109,7 +109,7 @@ impl LlmArgs {
     pub fn store_path(&self) -> Result<PathBuf> {
         match &self.store {
             Some(p) => Ok(p.clone()),
-            None => crate::source::cache_dir()
+            None => mtmc_search::source::cache_dir()
                 .map(|d| d.join("store.sqlite"))
                 .context("no store: pass --store FILE (neither MTMC_CACHE_DIR nor HOME is set)"),
         }

@@ -1,35 +1,8 @@
 //! One module per subcommand.
 
-pub mod bench;
-pub mod bench_env;
 pub mod compile;
 pub mod doctor;
 pub mod eval;
-pub mod live;
 pub mod llm;
-pub mod optimize;
-pub mod paired;
-pub mod plan;
 pub mod problems;
 pub mod show;
-
-/// Why `path` cannot be an `--out` folder (it is a file), if it cannot.
-pub(crate) fn out_dir_refused(path: &std::path::Path) -> Option<String> {
-    (path.exists() && !path.is_dir()).then(|| {
-        format!(
-            "`{}` is a file: --out names the folder to write to; pass a new folder's name",
-            path.display()
-        )
-    })
-}
-
-/// `path` opened to append lines to (created when missing): the files a
-/// resumable command keeps its finished results in, a line each.
-pub(crate) fn open_to_append(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
-    use anyhow::Context as _;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .with_context(|| format!("cannot open `{}`", path.display()))
-}

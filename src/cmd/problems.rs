@@ -5,8 +5,8 @@ use std::path::Path;
 use anyhow::Result;
 use mtmc_actions::{OpClass, graph_cost};
 
-use crate::fmt::{si, table};
-use crate::source::{Origin, Problems};
+use mtmc_search::fmt::{si, table};
+use mtmc_search::source::{Origin, Problems};
 
 /// Lists problems (optionally one level) with their graphs' figures.
 pub fn run(

@@ -5,27 +5,8 @@ use anyhow::{Context, Result, bail};
 use mtmc_actions::device::{MathMode, builtin_devices, find_device, roofline};
 use mtmc_actions::{OpGraph, node_cost};
 
-use crate::fmt::{seconds, si, table};
-
-/// What to show.
-pub enum Subject<'a> {
-    /// A KernelBench problem by name.
-    Problem {
-        /// Problems path, if given.
-        kernelbench: Option<&'a std::path::Path>,
-        /// The name.
-        name: &'a str,
-    },
-    /// An intent program.
-    Intent {
-        /// The program text.
-        text: String,
-        /// Where it came from, for error messages.
-        origin: String,
-        /// Shapes of undeclared inputs.
-        bindings: mtmc_actions::intent::Bindings,
-    },
-}
+use mtmc_search::fmt::{seconds, si, table};
+use mtmc_search::subject::Subject;
 
 /// Prints the graph and its roofline.
 pub fn run(out: &mut dyn std::io::Write, subject: Subject<'_>, device: Option<&str>) -> Result<()> {
@@ -43,7 +24,7 @@ pub fn run(out: &mut dyn std::io::Write, subject: Subject<'_>, device: Option<&s
     };
     let (title, graph) = match subject {
         Subject::Problem { kernelbench, name } => {
-            let problems = crate::source::Problems::load(kernelbench)?;
+            let problems = mtmc_search::source::Problems::load(kernelbench)?;
             let p = problems.find(name)?;
             let traced = problems.graphs(&[p])?.remove(0);
             let graph = match traced.graph {

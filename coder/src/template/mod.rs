@@ -34,6 +34,7 @@ pub mod triton;
 use mtmc_actions::graph::OpGraph;
 
 use crate::MicroCoder;
+pub use crate::Refusal;
 use crate::action::{Action, ActionKind};
 use crate::program::{Fragment, Program};
 
@@ -298,18 +299,6 @@ pub(crate) const ONE_OP: &str = "a custom kernel covers one op; fuse covers seve
 
 /// Why the template coders refuse repairs.
 const REPAIRS: &str = "repairs are written by the LLM coder; the template coder writes each kernel anew from the graph";
-
-/// Why a coder wrote nothing for an action.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Refusal(pub String);
-
-impl Refusal {
-    /// A refusal with its reason.
-    pub fn new(why: impl Into<String>) -> Refusal {
-        Refusal(why.into())
-    }
-}
 
 /// The template coder.
 #[derive(Clone, Debug, Default)]

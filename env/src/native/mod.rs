@@ -27,7 +27,7 @@ use mtmc_actions::import::{Trace, import_trace};
 use mtmc_actions::intent::{Bindings, compile};
 use serde::{Deserialize, Serialize};
 
-use crate::evaluator::EvalError;
+use crate::error::EvalError;
 use crate::outcome::{EvaluatorKind, Outcome, Status};
 use crate::worker::{Launcher, Protocol, WorkerError, WorkerSlot};
 

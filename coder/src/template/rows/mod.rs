@@ -34,6 +34,7 @@ mod norm;
 mod reduce;
 mod register_norm;
 mod split_norm;
+mod stat;
 
 pub use norm::norm;
 pub use reduce::generate;

@@ -13,6 +13,7 @@ use crate::template::{Refusal, WAVES, lit, one_node, one_per_thread};
 
 use super::register_norm::{RegisterNorm, register_row};
 use super::split_norm::{SplitNorm, norm_splits, team_splits};
+use super::stat::Stat;
 use super::{block_reduce, compensated_sum};
 
 /// Whether every flat index of `shape` fits 32 bits, so that index
@@ -220,46 +221,6 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
         sizes: vec![rows as i64, k as i64],
     };
     Ok(one_node(name, action, src, inputs, node, launch))
-}
-
-/// What a row norm divides each row by.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Stat {
-    /// The standard deviation around the row's mean (layer, group and
-    /// instance norms): `rsqrt(var + ε)`.
-    Deviation,
-    /// The root mean square, the mean taken as 0 (RMS norm).
-    Rms,
-    /// The Euclidean length, the mean taken as 0: `1 / max(‖x‖₂, ε)`
-    /// (`F.normalize` with p = 2).
-    Length,
-}
-
-impl Stat {
-    fn of(kind: &NormKind) -> Stat {
-        match kind {
-            NormKind::Rms { .. } => Stat::Rms,
-            NormKind::Lp { .. } => Stat::Length,
-            _ => Stat::Deviation,
-        }
-    }
-
-    /// Whether the row's mean is taken out first (false: it is taken
-    /// as 0).
-    pub(super) fn centred(self) -> bool {
-        self == Stat::Deviation
-    }
-
-    /// The factor a row is scaled by, from the sum of its squared
-    /// deviations `squares` over `count` elements.
-    pub(super) fn rstd(self, squares: &str, count: &str, eps: &str) -> String {
-        match self {
-            Stat::Length => format!("1.0f / fmaxf(sqrtf({squares}), {eps})"),
-            Stat::Deviation | Stat::Rms => {
-                format!("rsqrtf({squares} / (float){count} + {eps})")
-            }
-        }
-    }
 }
 
 /// The pointer parameters and inputs of a norm: `x`, then the scale and

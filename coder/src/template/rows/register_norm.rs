@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use crate::program::Launch;
 use crate::template::WAVES;
 
-use super::norm::Stat;
+use super::stat::Stat;
 use super::{block_reduce, lanes_reduce};
 
 /// The threads per row and the elements each holds in registers when a

@@ -8,7 +8,7 @@ use crate::program::{Fragment, Launch};
 use crate::template::one_node;
 
 use super::block_reduce;
-use super::norm::Stat;
+use super::stat::Stat;
 
 /// Elements each thread of a split norm's block holds in registers: a
 /// block's chunk of a group is `SPLIT_PER_THREAD * block` elements.

@@ -26,9 +26,8 @@ use mtmc_env::nvrtc::Arch;
 use mtmc_env::outcome::Outcome;
 use mtmc_env::worker::Protocol;
 
-use crate::cmd::bench::Target;
-use crate::cmd::show::Subject;
 use crate::interrupt::{Interrupt, Interrupted};
+use crate::subject::Subject;
 
 mod build;
 mod judge;
@@ -36,12 +35,31 @@ mod llm;
 mod variants;
 
 use build::torch_only;
-pub(crate) use build::{build, regions};
+pub(crate) use build::{Gemm, build, regions};
 pub(crate) use judge::{ProblemJudge, judge_programs, problem_source, write_model_new};
 use judge::{add_roofline, judge_program};
 use llm::{llm_search, optimize_problem_llm};
-pub(crate) use variants::{Found, Gemm, conclude};
+pub(crate) use variants::{Found, conclude};
 use variants::{VARIANTS, library_ops, search, variants_for};
+
+/// Which code the coder writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// CUDA C++ kernels (NVRTC through cupy in the `ModelNew`).
+    Cuda,
+    /// Triton kernels.
+    Triton,
+}
+
+impl Target {
+    /// `cuda` or `triton`, as the flag spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Cuda => "cuda",
+            Target::Triton => "triton",
+        }
+    }
+}
 
 /// What `mtmc optimize` was asked to do.
 pub struct Request<'a> {

@@ -11,9 +11,9 @@ use anyhow::{Context, Result, bail};
 use mtmc_planner::store::Store;
 use mtmc_planner::tree::TreeProblem;
 
-use crate::cmd::optimize::ProblemJudge;
-use crate::cmd::plan::{Choice, counted, judge_side_by_side, rebuild_best};
 use crate::interrupt::Interrupt;
+use crate::optimize::ProblemJudge;
+use crate::plan::{Choice, counted, judge_side_by_side, rebuild_best};
 
 use super::folder::{Finished, build_id, file_name, json_lines};
 
@@ -41,7 +41,7 @@ pub(super) struct Judged {
 impl Judged {
     /// The median of its speedups (none without any).
     pub(super) fn median(&self) -> Option<f64> {
-        crate::cmd::bench_env::median(&self.speedups)
+        crate::bench_env::median(&self.speedups)
     }
 }
 
@@ -115,7 +115,7 @@ pub(super) fn judge_left(
     std::fs::create_dir_all(&best_dir)
         .with_context(|| format!("cannot create `{}`", best_dir.display()))?;
     let path = out_dir.join(SIDE_BY_SIDE);
-    let mut file = crate::cmd::open_to_append(&path)?;
+    let mut file = crate::files::open_to_append(&path)?;
     let bar = crate::fmt::progress_bar(todo.len() as u64);
     // Each folder's steps, opened once (a reused episode's are in its
     // pass's folder).

@@ -24,6 +24,7 @@ mod episode;
 mod explore;
 mod judging;
 mod rejudge;
+mod rows;
 mod search;
 mod split;
 mod train;
@@ -31,14 +32,14 @@ mod train;
 pub use choice::Choice;
 pub use compare::{CompareRequest, compare};
 pub(crate) use compare::{
-    NEAR, PlannerResult, ProblemRow, compared, exhaustive_row, geomean, print_table, problem_rows,
-    row, stopping,
+    NEAR, compared, exhaustive_row, geomean, print_table, problem_rows, row, stopping,
 };
 pub use enumerate::Beyond;
 pub use episode::{Gpus, PlanSettings, plan_problem};
 pub(crate) use episode::{judge_side_by_side, rebuild_best};
 pub use explore::{ExploreRequest, explore, merge};
 pub use rejudge::{RejudgeRequest, rejudge};
+pub(crate) use rows::{PlannerResult, ProblemRow};
 pub use search::{OptimizeRequest, optimize};
 pub use split::{Split, levels_words, of_levels};
 pub use train::{TrainRequest, train};

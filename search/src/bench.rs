@@ -34,26 +34,7 @@ use mtmc_env::evaluator::{Candidate, Evaluator, ProblemSource};
 use mtmc_env::native::{Arg, Buffer, CudaProgram, GraphSource, Launch, NativeEvaluator};
 use mtmc_env::worker::Protocol;
 
-use crate::cmd::optimize::{ProblemJudge, optimize_problem};
-
-/// Which code the coder writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
-    /// CUDA C++ kernels (NVRTC through cupy in the `ModelNew`).
-    Cuda,
-    /// Triton kernels.
-    Triton,
-}
-
-impl Target {
-    /// `cuda` or `triton`, as the flag spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Cuda => "cuda",
-            Target::Triton => "triton",
-        }
-    }
-}
+use crate::optimize::{ProblemJudge, Target, optimize_problem};
 
 /// What `mtmc bench` was asked to do.
 pub struct Request<'a> {
@@ -318,7 +299,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     // flight is not kept (its folder is written again by the next run).
     let stop = crate::interrupt::Interrupt::catch().context("catching Ctrl-C")?;
     let mut judge = ProblemJudge::new(gpu, req.timeout, false, req.strict).stopping_on(&stop);
-    let mut results = super::open_to_append(&results_path)?;
+    let mut results = crate::files::open_to_append(&results_path)?;
     let bar = crate::fmt::progress_bar(todo.len() as u64);
     let mut finished = 0;
     for p in &todo {

@@ -12,9 +12,10 @@ use mtmc_planner::tree::{self, TreeEnv, TreeProblem};
 
 use super::choice::{Choice, Considered, Loaded};
 use super::enumerate::kinds_mask;
+use super::rows::{PlannerResult, ProblemRow};
 use super::split::{Split, levels_words, of_levels};
 use super::train::compiled_only_warning;
-use crate::cmd::paired::Paired;
+use crate::paired::Paired;
 
 /// One planner's figures in `compare`.
 #[derive(Debug, serde::Serialize)]
@@ -35,40 +36,6 @@ pub(crate) struct Row {
 /// How close to the exhaustive best counts as reaching it in `compare`
 /// (the "90 % of the exhaustive search's best").
 pub(crate) const NEAR: f64 = 0.9;
-
-/// One problem of the comparison: its recorded tree's best and what each
-/// planner reached on it (the random planner: the geometric mean over its
-/// seeds, and the mean evaluations). Speedups below 1 count as 1, as in
-/// the table: eager PyTorch is always there to fall back on.
-#[derive(serde::Serialize)]
-pub(crate) struct ProblemRow {
-    pub(crate) problem: String,
-    /// The live pass (its folder) this row comes from, when passes are
-    /// pooled.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) pass: Option<String>,
-    pub(crate) programs: usize,
-    pub(crate) exhaustive: f64,
-    /// Replay with moves left out (`--without`): the best of the recorded
-    /// programs the other moves reach.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) exhaustive_without: Option<f64>,
-    pub(crate) planners: std::collections::BTreeMap<String, PlannerResult>,
-}
-
-#[derive(serde::Serialize)]
-pub(crate) struct PlannerResult {
-    pub(crate) best: f64,
-    pub(crate) evaluations: f64,
-    /// Replay: the steps of the planner's first episode (random: seed 0),
-    /// each `move -> program: outcome`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(crate) path: Vec<String>,
-    /// Replay, the trained planner: for each step of `path`, what it
-    /// weighed ([`Considered::text`]).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(crate) considered: Vec<String>,
-}
 
 /// What `mtmc compare` was asked to do.
 pub struct CompareRequest<'a> {
@@ -282,7 +249,7 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
             without.join(", ")
         )?;
     }
-    let pairs = crate::cmd::paired::pairs(&per_problem);
+    let pairs = crate::paired::pairs(&per_problem);
     print_table(out, &rows, &pairs, true)?;
     if ablated {
         writeln!(out, "{}", ablation_losses(&per_problem))?;
@@ -439,7 +406,7 @@ pub(crate) fn exhaustive_row(
 
 /// Prints the comparison's table, one row per planner, then its ratios
 /// ([`ratios`]) and the paired comparisons `pairs`
-/// ([`crate::cmd::paired`]); `bound`: whether the exhaustive row was
+/// ([`crate::paired`]); `bound`: whether the exhaustive row was
 /// replayed on the same outcomes as the others, so that it bounds them
 /// (not so in a live comparison).
 pub(crate) fn print_table(
@@ -479,7 +446,7 @@ pub(crate) fn print_table(
     if let Some(line) = ratios(rows, bound) {
         writeln!(out, "{line}")?;
     }
-    if let Some(line) = crate::cmd::paired::line(pairs) {
+    if let Some(line) = crate::paired::line(pairs) {
         writeln!(out, "{line}")?;
     }
     Ok(())

@@ -14,8 +14,8 @@ use super::enumerate::recorded_walk;
 use super::episode::Gpus;
 use super::judging::{Judging, Reuse, Round, failed_running, reusable};
 use super::split::Split;
-use crate::cmd::optimize::ProblemJudge;
 use crate::interrupt::{Interrupt, Interrupted};
+use crate::optimize::ProblemJudge;
 
 /// What [`rejudge_problem`] found on one problem.
 pub struct Rejudged {

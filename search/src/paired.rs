@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 
 use mtmc_planner::rng::Rng;
 
-use crate::cmd::plan::ProblemRow;
+use crate::plan::ProblemRow;
 
 /// Resamples of the bootstrap.
 const RESAMPLES: usize = 10_000;
@@ -177,7 +177,7 @@ fn short(name: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmd::plan::PlannerResult;
+    use crate::plan::PlannerResult;
 
     fn row(problem: &str, trained: f64, greedy: f64) -> ProblemRow {
         let result = |best| PlannerResult {

@@ -242,7 +242,7 @@ pub(super) struct Episodes {
 
 impl Episodes {
     pub(super) fn open(path: &Path) -> Result<Episodes> {
-        let file = crate::cmd::open_to_append(path)?;
+        let file = crate::files::open_to_append(path)?;
         Ok(Episodes {
             path: path.to_path_buf(),
             file,

@@ -9,8 +9,8 @@ use mtmc_planner::store::Store;
 
 use super::choice::Choice;
 use super::episode::{Gpus, PlanSettings, plan_problem};
-use crate::cmd::optimize::ProblemJudge;
 use crate::interrupt::{Interrupt, Interrupted};
+use crate::optimize::ProblemJudge;
 
 /// What `mtmc optimize --planner` was asked to do.
 pub struct OptimizeRequest<'a> {

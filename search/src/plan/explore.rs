@@ -13,8 +13,8 @@ use super::enumerate::{BEYOND, Beyond, Recording, enumerate_problem, extend_prob
 use super::episode::{Gpus, PlanSettings, plan_problem};
 use super::rejudge::chosen;
 use super::split::Split;
-use crate::cmd::optimize::ProblemJudge;
 use crate::interrupt::{Interrupt, Interrupted};
+use crate::optimize::ProblemJudge;
 
 /// What `mtmc explore` was asked to do.
 pub struct ExploreRequest<'a> {

@@ -11,7 +11,7 @@ use mtmc_planner::store::{Store, correct_speedup, now};
 use super::episode::EpisodeResult;
 use super::judging::{Evaluated, Judging, Reuse, Round};
 use super::split::Split;
-use crate::cmd::optimize::ProblemJudge;
+use crate::optimize::ProblemJudge;
 
 /// Exhaustive search within the budget: every program reachable from the
 /// library one, in breadth-first order of the moves that reach it (nearest

@@ -11,7 +11,19 @@ use mtmc_coder::session::{Failure, Session, Stage};
 use mtmc_coder::template::product;
 use mtmc_env::nvrtc::Arch;
 
-use super::variants::Gemm;
+/// How a variant computes products: matrix products, and the
+/// convolutions the convolution family writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gemm {
+    /// Library calls (torch, cuBLAS).
+    Library,
+    /// GEMM kernels with their epilogue fused; a product the template
+    /// refuses stays a library call.
+    Kernel,
+    /// GEMM kernels only (a program with no library, such as an intent's):
+    /// a refusal fails the variant.
+    KernelOnly,
+}
 
 /// An op of `g` that no template family computes and that is not a library
 /// op (a concatenation, say): in a `ModelNew` it stays a torch call.

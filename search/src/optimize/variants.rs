@@ -14,9 +14,9 @@ use mtmc_coder::template::triton::TritonCoder;
 use mtmc_coder::template::{TemplateCoder, product};
 use mtmc_env::outcome::{Outcome, Status};
 
-use super::build::{build, has_conv, has_gemm};
+use super::Target;
+use super::build::{Gemm, build, has_conv, has_gemm};
 use super::write;
-use crate::cmd::bench::Target;
 
 /// One program the built-in search builds: launch parameters, whether
 /// pointwise chains are fused in front of the row kernels that read them,
@@ -26,20 +26,6 @@ pub(super) struct Variant {
     pub(super) params: Params,
     pub(super) fuse: bool,
     pub(super) gemm: Gemm,
-}
-
-/// How a variant computes products: matrix products, and the
-/// convolutions the convolution family writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Gemm {
-    /// Library calls (torch, cuBLAS).
-    Library,
-    /// GEMM kernels with their epilogue fused; a product the template
-    /// refuses stays a library call.
-    Kernel,
-    /// GEMM kernels only (a program with no library, such as an intent's):
-    /// a refusal fails the variant.
-    KernelOnly,
 }
 
 pub(super) const fn variant(block: u32, vector: u32, fuse: bool) -> Variant {

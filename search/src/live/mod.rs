@@ -27,12 +27,12 @@ use anyhow::{Context, Result, bail};
 use mtmc_planner::store::{RECORDED_H100, Store};
 use mtmc_planner::tree::{self, TreeProblem};
 
-use crate::cmd::optimize::ProblemJudge;
-use crate::cmd::plan::{
+use crate::interrupt::{Interrupt, Interrupted};
+use crate::optimize::ProblemJudge;
+use crate::plan::{
     NEAR, PlanSettings, PlannerResult, Split, compared, counted, exhaustive_row, geomean,
     levels_words, of_levels, plan_problem, print_table, problem_rows, row, stopping,
 };
-use crate::interrupt::{Interrupt, Interrupted};
 
 mod folder;
 mod passes;
@@ -88,7 +88,7 @@ pub struct LiveRequest<'a> {
 pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Result<()> {
     // Checked here, not by the parser: its default must not stop a
     // comparison that is not live.
-    if let Some(why) = super::out_dir_refused(req.out_dir) {
+    if let Some(why) = crate::files::out_dir_refused(req.out_dir) {
         bail!(why);
     }
     let store = Store::open_to_read(req.store)?;
@@ -139,7 +139,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     let (timed, gpus) = if let (true, Some((before, _))) = (req.table_only, &earlier) {
         (before.timed, None)
     } else {
-        let gpus = crate::cmd::plan::Gpus::probe();
+        let gpus = crate::plan::Gpus::probe();
         (gpus.any(), Some(gpus))
     };
 
@@ -606,7 +606,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     if let Some(line) = builds_warning(&builds) {
         writeln!(out, "{line}")?;
     }
-    let pairs = crate::cmd::paired::pairs(&per_problem);
+    let pairs = crate::paired::pairs(&per_problem);
     print_table(out, &rows, &pairs, false)?;
     let again: usize = as_found.iter().map(|a| a.2).sum();
     if again + side_by_side_n > 0 {

@@ -16,7 +16,7 @@ use super::choice::Loaded;
 use super::counted;
 use super::judging::{Judging, Reuse, Round, build_config, fragments, h100, rewritten_of};
 use super::split::Split;
-use crate::cmd::optimize::{ProblemJudge, conclude, problem_source, write_model_new};
+use crate::optimize::{ProblemJudge, conclude, problem_source, write_model_new};
 
 /// How a planned search runs.
 pub struct PlanSettings {
@@ -499,7 +499,7 @@ mod tests {
     use mtmc_planner::space::Shape;
 
     use super::*;
-    use crate::cmd::plan::Choice;
+    use crate::plan::Choice;
 
     /// L2/76's graph, the problem (its code a stand-in: nothing runs it)
     /// and a judge without a GPU.

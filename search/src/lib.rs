@@ -1,0 +1,29 @@
+//! The search: the macro planner picks an action, the micro coder writes it
+//! as a fragment, the evaluator judges the program, and the best program so
+//! far with its critique steers the next step. Each of mtmc's commands that
+//! searches or judges many programs is a function here; the `mtmc` binary
+//! parses flags, calls them and prints what they return.
+//!
+//! - [`optimize`]: one problem or intent, with the built-in search or the
+//!   LLM coder; [`plan::search`] runs the planned search.
+//! - [`bench`]: `optimize` over a set of KernelBench problems, with
+//!   KernelBench's metrics; [`bench_env`]: how fast the environment judges.
+//! - [`plan`]: episodes into the trajectory store (`explore`), training,
+//!   the replayed comparison of planners, and rejudging the tree.
+//! - [`live`] and [`paired`]: planners compared by searching on the GPU, and
+//!   the paired statistics of two planners.
+//! - [`source`], [`subject`], [`files`], [`fmt`], [`interrupt`]: where
+//!   problems come from, what a command works on, the files results go to,
+//!   the text of reports, and Ctrl-C between items of work.
+
+pub mod bench;
+pub mod bench_env;
+pub mod files;
+pub mod fmt;
+pub mod interrupt;
+pub mod live;
+pub mod optimize;
+pub mod paired;
+pub mod plan;
+pub mod source;
+pub mod subject;
