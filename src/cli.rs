@@ -165,7 +165,7 @@ pub(crate) enum Command {
         #[arg(long, value_enum, default_value = "cuda")]
         target: mtmc_search::optimize::Target,
         /// Who writes the kernels: the template coder, or an LLM (configure
-        /// it with --llm-config or the flags below; see the README).
+        /// it with --llm-config or the flags below; see docs/llm.md).
         #[arg(long, value_enum, default_value = "template")]
         coder: CoderKind,
         /// Who writes the critique of each outcome for the LLM coder.

@@ -71,7 +71,7 @@ pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct Client {
     config: Config,
     key: Option<Secret>,
-    agent: ureq::Agent,
+    http: reqwest::blocking::Client,
     store: Option<Arc<Store>>,
     run: String,
     gate: Gate,
@@ -109,12 +109,12 @@ impl Client {
         store: Option<Arc<Store>>,
         run: &str,
     ) -> Client {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(config.timeout()))
+        // Only the TLS back end could fail to start, and rustls is built in.
+        let http = reqwest::blocking::Client::builder()
+            .timeout(config.timeout())
             .user_agent(concat!("mtmc/", env!("CARGO_PKG_VERSION")))
             .build()
-            .into();
+            .expect("an HTTP client with rustls and no other settings starts");
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x9e37_79b9, |d| d.as_nanos() as u64);
@@ -125,7 +125,7 @@ impl Client {
             },
             config,
             key,
-            agent,
+            http,
             store,
             run: run.to_string(),
             failed_in_a_row: Mutex::new((0, String::new())),
@@ -364,8 +364,8 @@ impl Client {
 
     fn request(
         &self,
-        builder: ureq::RequestBuilder<ureq::typestate::WithBody>,
-    ) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+        builder: reqwest::blocking::RequestBuilder,
+    ) -> reqwest::blocking::RequestBuilder {
         let builder = builder.header("content-type", "application/json");
         match (self.config.provider, &self.key) {
             (Provider::Openai, Some(k)) => {
@@ -413,7 +413,7 @@ impl Client {
         };
         let url = self.url(path);
         let body = self.body(prompt, max_tokens).to_string();
-        let response = self.request(self.agent.post(&url)).send(body.as_str());
+        let response = self.request(self.http.post(&url)).body(body).send();
         let (status, text, after) = read(response, &url, self.config.timeout_s)?;
         if status != 200 {
             return Err(classify(status, &text, after, &url, self));
@@ -427,7 +427,7 @@ impl Client {
         let mut lines = Vec::new();
         let url = self.url("models");
         let started = Instant::now();
-        let mut get = self.agent.get(&url);
+        let mut get = self.http.get(&url);
         get = match (self.config.provider, &self.key) {
             (Provider::Openai, Some(k)) => {
                 get.header("authorization", format!("Bearer {}", k.expose()))
@@ -438,7 +438,7 @@ impl Client {
             (Provider::Anthropic, None) => get.header("anthropic-version", "2023-06-01"),
             (Provider::Openai, None) => get,
         };
-        let (status, text, _) = match read(get.call(), &url, self.config.timeout_s) {
+        let (status, text, _) = match read(get.send(), &url, self.config.timeout_s) {
             Ok(r) => r,
             Err(Attempt::Retry { why, .. })
             | Err(Attempt::Fail(LlmError::Http { body: why, .. })) => {
@@ -515,36 +515,43 @@ impl Client {
 }
 
 /// Status, body and `retry-after` of a response, or how the exchange
-/// failed (timeouts, refused or dropped connections: retried).
+/// failed (timeouts, refused or dropped connections, bodies cut short:
+/// retried).
 fn read(
-    response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    response: Result<reqwest::blocking::Response, reqwest::Error>,
     url: &str,
     timeout_s: f64,
 ) -> Result<(u16, String, Option<Duration>), Attempt> {
-    let transport = |e: ureq::Error| match e {
-        ureq::Error::Timeout(_) => Attempt::Retry {
-            why: format!("no reply from {url} within {timeout_s} s"),
-            after: None,
-        },
-        ureq::Error::Io(e) => Attempt::Retry {
-            why: format!("connection to {url} failed: {e}"),
-            after: None,
-        },
-        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => Attempt::Retry {
-            why: format!("cannot connect to {url}: {e}"),
-            after: None,
-        },
-        ureq::Error::Protocol(e) => Attempt::Retry {
-            why: format!("broken reply from {url}: {e}"),
-            after: None,
-        },
-        other => Attempt::Fail(LlmError::Http {
-            status: 0,
-            url: url.to_string(),
-            body: other.to_string(),
-        }),
+    let transport = |e: &reqwest::Error| {
+        let retry = |why: String| Attempt::Retry { why, after: None };
+        // The causes, as one line (the error's own text only names the
+        // request, which the message names already).
+        let mut causes = Vec::new();
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            causes.push(c.to_string());
+            cause = c.source();
+        }
+        let text = if causes.is_empty() {
+            e.to_string()
+        } else {
+            causes.join(": ")
+        };
+        if e.is_timeout() {
+            retry(format!("no reply from {url} within {timeout_s} s"))
+        } else if e.is_connect() {
+            retry(format!("cannot connect to {url}: {text}"))
+        } else if e.is_body() || e.is_decode() || e.is_request() {
+            retry(format!("connection to {url} failed: {text}"))
+        } else {
+            Attempt::Fail(LlmError::Http {
+                status: 0,
+                url: url.to_string(),
+                body: text,
+            })
+        }
     };
-    let mut response = response.map_err(transport)?;
+    let mut response = response.map_err(|e| transport(&e))?;
     let status = response.status().as_u16();
     let header = |name: &str| {
         response
@@ -557,12 +564,27 @@ fn read(
     let after = header("retry-after-ms")
         .map(|ms| Duration::from_secs_f64(ms / 1e3))
         .or_else(|| header("retry-after").map(Duration::from_secs_f64));
-    let text = response
-        .body_mut()
-        .with_config()
-        .limit(64 << 20)
-        .read_to_string()
-        .map_err(transport)?;
+    // At most 64 MiB of body; a read that fails part way (a dropped
+    // connection, a timeout) is the attempt's failure.
+    let mut bytes = Vec::new();
+    let read = std::io::Read::read_to_end(
+        &mut std::io::Read::take(&mut response, 64 << 20),
+        &mut bytes,
+    );
+    if let Err(e) = read {
+        let inner = e
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<reqwest::Error>())
+            .map(&transport);
+        return Err(inner.unwrap_or_else(|| Attempt::Retry {
+            why: format!("connection to {url} failed: {e}"),
+            after: None,
+        }));
+    }
+    let text = String::from_utf8(bytes).map_err(|_| Attempt::Retry {
+        why: format!("broken reply from {url}: the body is not UTF-8"),
+        after: None,
+    })?;
     Ok((status, text, after))
 }
 

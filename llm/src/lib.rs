@@ -11,11 +11,11 @@
 //!   replies);
 //! - [`replay`]: a scripted loopback server standing in for an endpoint.
 //!
-//! HTTP goes through `ureq` (blocking, rustls) with the two request and
-//! reply shapes written here: the search loop is synchronous; async-openai
-//! speaks OpenAI only and retries with a backoff of its own; genai speaks
-//! both but brings an async stack and its own request model, and the
-//! retries, breaker, cache and accounting would still be written around it.
+//! HTTP goes through reqwest's blocking client (rustls) with the two
+//! request and reply shapes written here: the search loop is synchronous;
+//! async-openai speaks OpenAI only and retries with a backoff of its own;
+//! genai speaks both but brings its own request model, and the retries,
+//! breaker, cache and accounting would still be written around it.
 
 pub mod client;
 pub mod config;

@@ -19,7 +19,7 @@ use crate::space::{ACTIONS, Config, Move, Shape, legal};
 /// A correct program at least this fraction of the best speedup is a tie
 /// with it: the episode refines it next (the best stays the best). One
 /// program's timings move by a few percent from one judging to the next
-/// (README, "Evaluating candidates"); chosen on the validation split,
+/// (docs/evaluation.md); chosen on the validation split,
 /// where it raised every planner a little and the trained one most.
 pub const TIE: f64 = 0.95;
 

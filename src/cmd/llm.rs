@@ -12,7 +12,7 @@ use mtmc_llm::{Client, Config, Prompt, Provider, Store};
 /// Flags that say which endpoint to use and how.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct LlmArgs {
-    /// A TOML file with an `[llm]` table (see the README); flags override it.
+    /// A TOML file with an `[llm]` table (see docs/llm.md); flags override it.
     #[arg(long, env = "MTMC_LLM_CONFIG", value_name = "FILE")]
     pub llm_config: Option<PathBuf>,
     /// `openai` (any OpenAI-compatible server: vLLM, Ollama, llama.cpp) or `anthropic`.
@@ -222,6 +222,6 @@ pub fn intent_from_text(client: &Client, text: &str) -> Result<String> {
         }
     }
     bail!(
-        "the model's intent does not compile ({last_error}); write it with --intent instead (the README describes the language)"
+        "the model's intent does not compile ({last_error}); write it with --intent instead (docs/commands.md describes the language)"
     )
 }
