@@ -4,8 +4,10 @@
 //! searches or judges many programs is a function here; the `mtmc` binary
 //! parses flags, calls them and prints what they return.
 //!
-//! - [`optimize`]: one problem or intent, with the built-in search or the
-//!   LLM coder; [`plan::search`] runs the planned search.
+//! - `steps`: the search loop the built-in search and the LLM coder's
+//!   steps run (a planner proposes a program, the judge judges it, the
+//!   best is kept); [`optimize`]: one problem or intent, with either;
+//!   [`plan`] runs the planned search.
 //! - [`bench`]: `optimize` over a set of KernelBench problems, with
 //!   KernelBench's metrics; [`bench_env`]: how fast the environment judges.
 //! - [`plan`]: episodes into the trajectory store (`explore`), training,
@@ -26,4 +28,5 @@ pub mod optimize;
 pub mod paired;
 pub mod plan;
 pub mod source;
+mod steps;
 pub mod subject;

@@ -15,8 +15,11 @@ use mtmc_env::outcome::{Outcome, Status};
 
 use super::build::regions;
 use super::judge::{ProblemJudge, judge_program, problem_source, write_model_new};
-use super::variants::{Found, conclude, library_ops};
+use super::variants::{conclude, library_ops};
 use super::{Critic, LlmRun, Summary};
+use crate::steps::{self, Found, Planner, Proposal};
+use mtmc_coder::critique::{LlmCritic, rules};
+use mtmc_coder::llm::{LlmCoder, program_text};
 
 /// Optimizes one KernelBench problem with the LLM coder, a step at a time
 /// (see `llm_search`); the report and the best `ModelNew` go to `out_dir`.
@@ -112,172 +115,246 @@ pub(super) fn llm_search(
     llm: &LlmRun,
     whole: bool,
     stopped: &dyn Fn() -> bool,
-    mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
+    judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
-    use mtmc_coder::critique::{LlmCritic, rules};
-    use mtmc_coder::llm::{LlmCoder, program_text};
     let coder = LlmCoder::new(llm.client.clone());
-    let mut session = Session::new(g, &coder, Arch::SM90);
-    // The planner's structured diagnosis goes to the coder with the critique.
-    let specs = builtin_devices();
-    let spec = find_device(&specs, "H100").unwrap_or(&specs[0]);
-    let bound = mtmc_planner::features::Problem::new("", g, regions.len(), spec).bound();
-    let mut found = Found::default();
-    let mut step = 0;
-    'regions: for region in regions {
-        let mut action = Action::kernel_for(region.clone(), Params::default());
-        let mut repairs = llm.repairs;
-        loop {
-            if stopped() {
-                found.interrupted = true;
-                break 'regions;
-            }
-            step += 1;
-            let label = format!("step {step}: {:?} {:?}", action.kind, action.region);
-            let proposed = session.propose(&action);
-            if stopped() {
-                // Not judged: a program that only compiled (with `whole`)
-                // is not kept either.
-                writeln!(out, "  {label}: interrupted, not kept")?;
-                found.interrupted = true;
-                break 'regions;
-            }
-            let program = match proposed {
-                Ok(p) => p,
-                Err(f) => {
-                    let stage = match f.stage {
-                        Stage::Refused => "no kernel",
-                        Stage::Compile => "does not compile, rolled back",
-                        Stage::Outcome => "wrong, rolled back",
-                    };
-                    let first = f.log.lines().next().unwrap_or("");
-                    writeln!(out, "  {label}: {stage}: {first}")?;
-                    found
-                        .attempts
-                        .push(serde_json::json!({"step": step, "failure": f}));
-                    if let Some(why) = session.coder().halted() {
-                        writeln!(out, "  the LLM coder stopped: {why}")?;
-                        break 'regions;
-                    }
-                    if f.stage == Stage::Compile && repairs > 0 {
-                        repairs -= 1;
-                        action.kind = ActionKind::FixCompile;
-                        continue;
-                    }
-                    writeln!(out, "  region {:?} stays torch calls", action.region)?;
-                    break;
-                }
-            };
-            if whole && !program.missing(g).is_empty() {
-                // Not judgeable yet: kept as compiled.
-                writeln!(out, "  {label}: compiled")?;
-                session.accept(program);
-                break;
-            }
-            let o = judge(&program, &label);
-            if stopped() {
-                // The signal reaches the judging processes too: this
-                // outcome may be their end, not the program's.
-                writeln!(out, "  {label}: interrupted, not kept")?;
-                found.interrupted = true;
-                break 'regions;
-            }
-            let o = o?;
-            found.judged += 1;
-            let ruled = rules(&o);
-            // The program as prompt text, for the model's critique and the
-            // best-so-far context only.
-            let code = || program_text(g, &program);
-            let by_model = match llm.critic {
-                Critic::Rules => None,
-                Critic::Llm | Critic::Both => {
-                    match LlmCritic::new(&llm.client).critique(&o, &code()) {
-                        Ok(t) => Some(t),
-                        Err(e) => {
-                            writeln!(
-                                out,
-                                "  the LLM critic failed ({e}); the rule-based critique stands"
-                            )?;
-                            None
-                        }
-                    }
-                }
-            };
-            let diagnosis = mtmc_planner::critique::Diagnosis::of(&o, bound);
-            let critique = format!(
-                "{}\ndiagnosis: {}",
-                match (&by_model, llm.critic) {
-                    (Some(m), Critic::Llm | Critic::Both) => m,
-                    _ => &ruled,
-                },
-                diagnosis.text()
-            );
-            writeln!(out, "  {label}: {ruled}")?;
-            if llm.verbose {
-                writeln!(out, "    critique: {}", critique.replace('\n', "\n    "))?;
-            }
-            found.attempts.push(serde_json::json!({
-                "step": step,
-                "action": action,
-                "outcome": o,
-                "critique_rules": ruled,
-                "critique_llm": by_model,
-                "diagnosis": diagnosis,
-            }));
-            let good = matches!(o.status, Status::Correct | Status::CompiledOnly);
-            if good {
-                found.correct += usize::from(o.status == Status::Correct);
-                let ms = o.runtime.as_ref().map_or(f64::INFINITY, |r| r.mean_ms);
-                // Without a GPU nothing is timed: the latest program that
-                // compiled (the one with most kernels) stands.
-                let better = found
-                    .best
-                    .as_ref()
-                    .is_none_or(|b| ms < b.0 || !b.0.is_finite());
-                let best_text = better.then(|| format!("{ruled}\n{}", code()));
-                session.coder().observe(&mtmc_coder::Note::Judged {
-                    action: &action,
-                    critique: &critique,
-                    best: best_text.as_deref(),
-                });
-                if better {
-                    found.best = Some((ms, program.clone(), Params::default(), o.clone()));
-                }
-                session.accept(program);
-                break;
-            }
-            session.coder().observe(&mtmc_coder::Note::Judged {
-                action: &action,
-                critique: &critique,
-                best: None,
-            });
-            session.reject(&action, &program, ruled);
-            if repairs > 0 && o.status != Status::Timeout {
-                repairs -= 1;
-                action.kind = ActionKind::FixCorrectness;
-                continue;
-            }
-            writeln!(out, "  region {:?} stays torch calls", action.region)?;
-            break;
+    let mut planner = LlmPlanner::new(g, regions, llm, whole, &coder);
+    steps::run(out, &mut planner, stopped, judge)
+}
+
+/// The LLM coder's steps as a planner: a step per region (a kernel for
+/// it), with up to `repairs` repair steps after a failure, each step's
+/// critique heard by the coder.
+struct LlmPlanner<'a> {
+    g: &'a OpGraph,
+    regions: &'a [Vec<u32>],
+    llm: &'a LlmRun,
+    whole: bool,
+    session: Session<'a, &'a LlmCoder>,
+    /// What bounds the problem on the H100 (the diagnosis reads it).
+    bound: mtmc_actions::device::Bound,
+    /// The region being written, its action and the repairs left.
+    region: usize,
+    action: Action,
+    repairs: u32,
+    step: usize,
+    /// The coder halted: no more steps.
+    halted: bool,
+}
+
+impl<'a> LlmPlanner<'a> {
+    fn new(
+        g: &'a OpGraph,
+        regions: &'a [Vec<u32>],
+        llm: &'a LlmRun,
+        whole: bool,
+        coder: &'a LlmCoder,
+    ) -> LlmPlanner<'a> {
+        // The planner's structured diagnosis goes to the coder with the
+        // critique.
+        let specs = builtin_devices();
+        let spec = find_device(&specs, "H100").unwrap_or(&specs[0]);
+        let bound = mtmc_planner::features::Problem::new("", g, regions.len(), spec).bound();
+        let mut planner = LlmPlanner {
+            g,
+            regions,
+            llm,
+            whole,
+            session: Session::new(g, coder, Arch::SM90),
+            bound,
+            region: 0,
+            action: Action::kernel_for(Vec::new(), Params::default()),
+            repairs: 0,
+            step: 0,
+            halted: false,
+        };
+        planner.start_region(0);
+        planner
+    }
+
+    /// Moves on to region `k` (past the last: done).
+    fn start_region(&mut self, k: usize) {
+        self.region = k;
+        if let Some(region) = self.regions.get(k) {
+            self.action = Action::kernel_for(region.clone(), Params::default());
+            self.repairs = self.llm.repairs;
         }
     }
-    let s = llm.client.stats();
-    writeln!(
-        out,
-        "llm: {} call(s), {} request(s) ({} retried), {} from the cache, {} failed; {} prompt + {} reply tokens{}",
-        s.calls,
-        s.requests,
-        s.retries,
-        s.cache_hits,
-        s.failures,
-        s.tokens_in,
-        s.tokens_out,
-        if s.cost_usd > 0.0 {
-            format!(", ${:.4}", s.cost_usd)
-        } else {
-            String::new()
+
+    /// The region stays torch calls; the next one.
+    fn give_up(&mut self, out: &mut dyn std::io::Write) -> Result<()> {
+        writeln!(out, "  region {:?} stays torch calls", self.action.region)?;
+        self.start_region(self.region + 1);
+        Ok(())
+    }
+}
+
+impl Planner for LlmPlanner<'_> {
+    fn done(&self) -> bool {
+        self.halted || self.region >= self.regions.len()
+    }
+
+    fn propose(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        found: &mut Found,
+        stopped: &dyn Fn() -> bool,
+    ) -> Result<Proposal> {
+        self.step += 1;
+        let step = self.step;
+        let label = format!(
+            "step {step}: {:?} {:?}",
+            self.action.kind, self.action.region
+        );
+        let proposed = self.session.propose(&self.action);
+        if stopped() {
+            // Not judged: a program that only compiled (with `whole`) is
+            // not kept either.
+            return Ok(Proposal::Interrupted { label });
         }
-    )?;
-    found.attempts.push(serde_json::json!({"llm": s}));
-    Ok(found)
+        let program = match proposed {
+            Ok(p) => p,
+            Err(f) => {
+                let stage = match f.stage {
+                    Stage::Refused => "no kernel",
+                    Stage::Compile => "does not compile, rolled back",
+                    Stage::Outcome => "wrong, rolled back",
+                };
+                let first = f.log.lines().next().unwrap_or("");
+                writeln!(out, "  {label}: {stage}: {first}")?;
+                let compile = f.stage == Stage::Compile;
+                found
+                    .attempts
+                    .push(serde_json::json!({"step": step, "failure": f}));
+                if let Some(why) = self.session.coder().halted() {
+                    writeln!(out, "  the LLM coder stopped: {why}")?;
+                    self.halted = true;
+                    return Ok(Proposal::Done);
+                }
+                if compile && self.repairs > 0 {
+                    self.repairs -= 1;
+                    self.action.kind = ActionKind::FixCompile;
+                    return Ok(Proposal::Next);
+                }
+                self.give_up(out)?;
+                return Ok(Proposal::Next);
+            }
+        };
+        if self.whole && !program.missing(self.g).is_empty() {
+            // Not judgeable yet: kept as compiled.
+            writeln!(out, "  {label}: compiled")?;
+            self.session.accept(program);
+            self.start_region(self.region + 1);
+            return Ok(Proposal::Next);
+        }
+        Ok(Proposal::Judge {
+            program,
+            label,
+            params: Params::default(),
+        })
+    }
+
+    fn judged(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        found: &mut Found,
+        (program, _, label): (Program, Params, String),
+        o: Outcome,
+    ) -> Result<()> {
+        let (g, llm) = (self.g, self.llm);
+        let ruled = rules(&o);
+        // The program as prompt text, for the model's critique and the
+        // best-so-far context only.
+        let code = || program_text(g, &program);
+        let by_model = match llm.critic {
+            Critic::Rules => None,
+            Critic::Llm | Critic::Both => match LlmCritic::new(&llm.client).critique(&o, &code()) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    writeln!(
+                        out,
+                        "  the LLM critic failed ({e}); the rule-based critique stands"
+                    )?;
+                    None
+                }
+            },
+        };
+        let diagnosis = mtmc_planner::critique::Diagnosis::of(&o, self.bound);
+        let critique = format!(
+            "{}\ndiagnosis: {}",
+            match (&by_model, llm.critic) {
+                (Some(m), Critic::Llm | Critic::Both) => m,
+                _ => &ruled,
+            },
+            diagnosis.text()
+        );
+        writeln!(out, "  {label}: {ruled}")?;
+        if llm.verbose {
+            writeln!(out, "    critique: {}", critique.replace('\n', "\n    "))?;
+        }
+        found.attempts.push(serde_json::json!({
+            "step": self.step,
+            "action": self.action,
+            "outcome": o,
+            "critique_rules": ruled,
+            "critique_llm": by_model,
+            "diagnosis": diagnosis,
+        }));
+        let good = matches!(o.status, Status::Correct | Status::CompiledOnly);
+        if good {
+            let ms = o.runtime.as_ref().map_or(f64::INFINITY, |r| r.mean_ms);
+            // Without a GPU nothing is timed: the latest program that
+            // compiled (the one with most kernels) stands.
+            let better = found
+                .best
+                .as_ref()
+                .is_none_or(|b| ms < b.0 || !b.0.is_finite());
+            let best_text = better.then(|| format!("{ruled}\n{}", code()));
+            self.session.coder().observe(&mtmc_coder::Note::Judged {
+                action: &self.action,
+                critique: &critique,
+                best: best_text.as_deref(),
+            });
+            if better {
+                found.best = Some((ms, program.clone(), Params::default(), o.clone()));
+            }
+            self.session.accept(program);
+            self.start_region(self.region + 1);
+            return Ok(());
+        }
+        self.session.coder().observe(&mtmc_coder::Note::Judged {
+            action: &self.action,
+            critique: &critique,
+            best: None,
+        });
+        self.session.reject(&self.action, &program, ruled);
+        if self.repairs > 0 && o.status != Status::Timeout {
+            self.repairs -= 1;
+            self.action.kind = ActionKind::FixCorrectness;
+            return Ok(());
+        }
+        self.give_up(out)
+    }
+
+    fn finish(&mut self, out: &mut dyn std::io::Write, found: &mut Found) -> Result<()> {
+        let s = self.llm.client.stats();
+        writeln!(
+            out,
+            "llm: {} call(s), {} request(s) ({} retried), {} from the cache, {} failed; {} prompt + {} reply tokens{}",
+            s.calls,
+            s.requests,
+            s.retries,
+            s.cache_hits,
+            s.failures,
+            s.tokens_in,
+            s.tokens_out,
+            if s.cost_usd > 0.0 {
+                format!(", ${:.4}", s.cost_usd)
+            } else {
+                String::new()
+            }
+        )?;
+        found.attempts.push(serde_json::json!({"llm": s}));
+        Ok(())
+    }
 }

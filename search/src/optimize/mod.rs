@@ -27,6 +27,7 @@ use mtmc_env::outcome::Outcome;
 use mtmc_env::worker::Protocol;
 
 use crate::interrupt::{Interrupt, Interrupted};
+use crate::steps::Found;
 use crate::subject::Subject;
 
 mod build;
@@ -39,7 +40,7 @@ pub(crate) use build::{Gemm, build, regions};
 pub(crate) use judge::{ProblemJudge, judge_programs, problem_source, write_model_new};
 use judge::{add_roofline, judge_program};
 use llm::{llm_search, optimize_problem_llm};
-pub(crate) use variants::{Found, conclude};
+pub(crate) use variants::conclude;
 use variants::{VARIANTS, library_ops, search, variants_for};
 
 /// Which code the coder writes.

@@ -17,6 +17,7 @@ use mtmc_env::outcome::{Outcome, Status};
 use super::Target;
 use super::build::{Gemm, build, has_conv, has_gemm};
 use super::write;
+use crate::steps::{self, Found, Planner, Proposal};
 
 /// One program the built-in search builds: launch parameters, whether
 /// pointwise chains are fused in front of the row kernels that read them,
@@ -94,53 +95,73 @@ pub(crate) fn library_ops(g: &OpGraph, program: &Program) -> Vec<String> {
         .collect()
 }
 
-/// Every attempt, and the fastest correct program (at infinity when
-/// nothing was run and the program only compiled).
-#[derive(Default)]
-pub(crate) struct Found {
-    pub(crate) attempts: Vec<serde_json::Value>,
-    /// Programs handed to the evaluator, and how many it found correct.
-    pub(crate) judged: usize,
-    pub(crate) correct: usize,
-    pub(crate) best: Option<(f64, Program, Params, Outcome)>,
-    /// Whether a signal stopped the search before its end (the report
-    /// says so).
-    pub(crate) interrupted: bool,
-}
-
-/// Builds each variant and judges it with `judge`, printing a line each;
-/// once `stopped` says so it judges no more and keeps nothing of the
-/// variant in flight (`Found::interrupted`).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn search(
-    out: &mut dyn std::io::Write,
-    g: &OpGraph,
-    regions: &[Vec<u32>],
-    variants: &[Variant],
+/// The built-in search as a planner: each variant built with the template
+/// coder in turn, printing a line each. Launch parameters do not change
+/// values: once a program is wrong, its other launch variants are skipped;
+/// only the variant with the pointwise chains kept apart (and the GEMM
+/// variant, which computes products anew) is still tried, and after a wrong
+/// unfused one nothing.
+pub(super) struct VariantPlanner<'a> {
+    g: &'a OpGraph,
+    regions: &'a [Vec<u32>],
+    variants: std::slice::Iter<'a, Variant>,
     target: Target,
     strict: bool,
-    stopped: &dyn Fn() -> bool,
-    mut judge: impl FnMut(&Program, &str) -> Result<Outcome>,
-) -> Result<Found> {
-    let mut found = Found::default();
-    // Launch parameters do not change values: once a program is wrong,
-    // its other launch variants are skipped; only the variant with the
-    // pointwise chains kept apart is still tried, and after that nothing.
-    let mut wrong_fused = false;
-    // Whether a judged outcome found the reference TF32-rounded.
-    let mut tf32_reference = false;
-    for &Variant { params, fuse, gemm } in variants {
-        if stopped() {
-            found.interrupted = true;
-            break;
+    /// A fused variant was judged wrong.
+    wrong_fused: bool,
+    /// A judged outcome found the reference TF32-rounded.
+    tf32_reference: bool,
+    /// The last variant proposed.
+    current: Option<Variant>,
+    /// A wrong unfused variant ended the search.
+    done: bool,
+}
+
+impl<'a> VariantPlanner<'a> {
+    pub(super) fn new(
+        g: &'a OpGraph,
+        regions: &'a [Vec<u32>],
+        variants: &'a [Variant],
+        target: Target,
+        strict: bool,
+    ) -> VariantPlanner<'a> {
+        VariantPlanner {
+            g,
+            regions,
+            variants: variants.iter(),
+            target,
+            strict,
+            wrong_fused: false,
+            tf32_reference: false,
+            current: None,
+            done: false,
         }
+    }
+}
+
+impl Planner for VariantPlanner<'_> {
+    fn done(&self) -> bool {
+        self.done || self.variants.len() == 0
+    }
+
+    fn propose(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        found: &mut Found,
+        _stopped: &dyn Fn() -> bool,
+    ) -> Result<Proposal> {
+        let g = self.g;
+        let Some(&Variant { params, fuse, gemm }) = self.variants.next() else {
+            return Ok(Proposal::Done);
+        };
+        self.current = Some(Variant { params, fuse, gemm });
         // The GEMM variant after the library ones computes products anew:
         // it is tried even when those were wrong, and its verdict says
         // nothing of them.
-        if wrong_fused && fuse && gemm != Gemm::Kernel {
-            continue;
+        if self.wrong_fused && fuse && gemm != Gemm::Kernel {
+            return Ok(Proposal::Next);
         }
-        let label = if regions.is_empty() && gemm == Gemm::Library {
+        let label = if self.regions.is_empty() && gemm == Gemm::Library {
             "call-library (every op a torch call)".to_string()
         } else {
             format!(
@@ -151,11 +172,19 @@ pub(super) fn search(
                 if gemm == Gemm::Library { "" } else { " gemm" }
             )
         };
-        let built = match target {
-            Target::Cuda => build(g, regions, params, fuse, gemm, TemplateCoder, false),
+        let built = match self.target {
+            Target::Cuda => build(g, self.regions, params, fuse, gemm, TemplateCoder, false),
             // Strict: a region the coder refuses fails the variant
             // instead of staying torch calls.
-            Target::Triton => build(g, regions, params, fuse, gemm, TritonCoder, !strict),
+            Target::Triton => build(
+                g,
+                self.regions,
+                params,
+                fuse,
+                gemm,
+                TritonCoder,
+                !self.strict,
+            ),
         };
         let program = match built {
             Ok((p, refused)) => {
@@ -183,7 +212,7 @@ pub(super) fn search(
                 found
                     .attempts
                     .push(serde_json::json!({"params": params, "failure": f}));
-                continue;
+                return Ok(Proposal::Next);
             }
         };
         if gemm == Gemm::Kernel && !has_gemm(g, &program) {
@@ -191,27 +220,33 @@ pub(super) fn search(
                 out,
                 "  {label}: no product became a kernel; the library variants cover this program"
             )?;
-            continue;
+            return Ok(Proposal::Next);
         }
-        if tf32_reference && has_conv(&program) {
+        if self.tf32_reference && has_conv(&program) {
             writeln!(
                 out,
                 "  {label}: skipped: the reference's convolutions ran on TF32 (torch's default cudnn.allow_tf32), more than 1e-4 from exact float32, and an exact float32 convolution kernel cannot meet the tolerance against them"
             )?;
-            continue;
+            return Ok(Proposal::Next);
         }
-        let o = judge(&program, &label);
-        if stopped() {
-            // The signal reaches the judging processes too: this outcome
-            // may be their end, not the program's.
-            writeln!(out, "  {label}: interrupted, not kept")?;
-            found.interrupted = true;
-            break;
-        }
-        let o = o?;
-        tf32_reference |= o.reference_tf32;
-        found.judged += 1;
-        found.correct += usize::from(o.status == Status::Correct);
+        Ok(Proposal::Judge {
+            program,
+            label,
+            params,
+        })
+    }
+
+    fn judged(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        found: &mut Found,
+        (program, params, label): (Program, Params, String),
+        o: Outcome,
+    ) -> Result<()> {
+        let Some(Variant { fuse, gemm, .. }) = self.current else {
+            unreachable!("an outcome follows a proposed variant")
+        };
+        self.tf32_reference |= o.reference_tf32;
         match (o.status, &o.runtime) {
             (Status::Correct, Some(rt)) => {
                 let mut line = format!("  {label}: correct, {:.4} ms", rt.mean_ms);
@@ -261,12 +296,30 @@ pub(super) fn search(
                     out,
                     "  the program is wrong with its chains fused and apart; its other variants are skipped"
                 )?;
-                break;
+                self.done = true;
             }
-            wrong_fused = true;
+            self.wrong_fused = true;
         }
+        Ok(())
     }
-    Ok(found)
+}
+
+/// Builds each variant and judges it with `judge`, printing a line each;
+/// once `stopped` says so it judges no more and keeps nothing of the
+/// variant in flight (`Found::interrupted`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn search(
+    out: &mut dyn std::io::Write,
+    g: &OpGraph,
+    regions: &[Vec<u32>],
+    variants: &[Variant],
+    target: Target,
+    strict: bool,
+    stopped: &dyn Fn() -> bool,
+    judge: impl FnMut(&Program, &str) -> Result<Outcome>,
+) -> Result<Found> {
+    let mut planner = VariantPlanner::new(g, regions, variants, target, strict);
+    steps::run(out, &mut planner, stopped, judge)
 }
 
 /// Writes the report and the best program (through `write_best`, which

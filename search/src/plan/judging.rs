@@ -15,7 +15,8 @@ use mtmc_planner::features::Problem as PlanProblem;
 use mtmc_planner::space::{Config, Move, REWRITTEN};
 use mtmc_planner::store::{StepRecord, Store};
 
-use crate::optimize::{Found, Gemm, ProblemJudge, build, judge_programs, problem_source, regions};
+use crate::optimize::{Gemm, ProblemJudge, build, judge_programs, problem_source, regions};
+use crate::steps::Found;
 
 /// Which recorded outcomes a search takes instead of judging.
 #[derive(Clone, Copy)]
