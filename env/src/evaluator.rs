@@ -261,18 +261,25 @@ impl WorkerEvaluator {
 }
 
 /// The CUDA sources inside a Python candidate: its string literals (triple
-/// quoted, as kernels are written) that define a `__global__` function.
+/// quoted, as kernels are written by hand, or one-line with escapes, as
+/// mtmc's own `ModelNew` writes them) that define a `__global__` function.
 pub fn cuda_sources(python: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut rest = python;
     while let Some(start) = rest.find(['"', '\'']) {
+        // A raw string (`r"…"`) keeps its backslashes.
+        let raw = rest[..start].ends_with(['r', 'R']);
         let quote = &rest[start..];
         let delimiter = if quote.starts_with("\"\"\"") {
             "\"\"\""
-        } else if quote.starts_with("'''") {
-            "'''"
+        } else if quote.starts_with("\'\'\'") {
+            "\'\'\'"
         } else {
-            rest = skip_short_string(&rest[start..]);
+            let (body, after) = short_string(quote, raw);
+            if body.contains("__global__") {
+                found.push(body);
+            }
+            rest = after;
             continue;
         };
         let body = &quote[3..];
@@ -289,18 +296,61 @@ pub fn cuda_sources(python: &str) -> Vec<String> {
     found
 }
 
-fn skip_short_string(s: &str) -> &str {
-    let quote = s.as_bytes()[0];
-    let mut escaped = false;
-    for (i, b) in s.bytes().enumerate().skip(1) {
-        match b {
-            b'\\' if !escaped => escaped = true,
-            b'\n' => return &s[i..],
-            _ if b == quote && !escaped => return &s[i + 1..],
-            _ => escaped = false,
+/// A one-line string literal at the start of `s` (its quote first): its
+/// value, escapes decoded unless `raw`, and the text after it.
+fn short_string(s: &str, raw: bool) -> (String, &str) {
+    let quote = s.as_bytes()[0] as char;
+    let mut value = String::new();
+    let mut chars = s.char_indices().skip(1);
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\n' => return (value, &s[i..]),
+            c if c == quote => return (value, &s[i + 1..]),
+            '\\' => {
+                let Some((_, e)) = chars.next() else { break };
+                if raw {
+                    value.push('\\');
+                    value.push(e);
+                    continue;
+                }
+                match e {
+                    'n' => value.push('\n'),
+                    't' => value.push('\t'),
+                    'r' => value.push('\r'),
+                    '0' => value.push('\0'),
+                    '\n' => {}
+                    'u' | 'x' => {
+                        let digits: String = (0..if e == 'u' { 4 } else { 2 })
+                            .filter_map(|_| chars.next().map(|(_, d)| d))
+                            .collect();
+                        match u32::from_str_radix(&digits, 16)
+                            .ok()
+                            .and_then(char::from_u32)
+                        {
+                            Some(d) => value.push(d),
+                            None => {
+                                value.push('\\');
+                                value.push(e);
+                                value.push_str(&digits);
+                            }
+                        }
+                    }
+                    'a' => value.push('\u{7}'),
+                    'b' => value.push('\u{8}'),
+                    'f' => value.push('\u{c}'),
+                    'v' => value.push('\u{b}'),
+                    '\\' | '\'' | '"' => value.push(e),
+                    // Python keeps an unknown escape as it is written.
+                    other => {
+                        value.push('\\');
+                        value.push(other);
+                    }
+                }
+            }
+            c => value.push(c),
         }
     }
-    ""
+    (value, "")
 }
 
 /// NVRTC only: compiles and reports, runs nothing.

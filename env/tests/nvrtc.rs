@@ -137,6 +137,37 @@ extern "C" __global__ void broken(float* y) { y[0] = undefined_name; }
         })
     }
 
+    /// A kernel in a one-line string with escapes, as mtmc's own
+    /// `ModelNew` writes it.
+    const ONE_LINE: &str = r#"
+import cupy as cp
+_SOURCE = "extern \"C\" __global__ void k0(const float* __restrict__ in0, float* __restrict__ out0, long long n) {\n    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n    if (i < n) out0[i] = fmaxf(in0[i], 0.0f);  // a \\ stays\n}\n"
+_OTHER = 'a\tshort string'
+_RAW = r"__global__ \n kept"
+"#;
+
+    #[test]
+    fn a_one_line_kernel_string_is_found_with_its_escapes_decoded_and_compiles() {
+        let found = cuda_sources(ONE_LINE);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].starts_with("extern \"C\" __global__ void k0("),
+            "{}",
+            found[0]
+        );
+        assert_eq!(found[0].lines().count(), 4, "{}", found[0]);
+        assert!(found[0].contains("// a \\ stays\n}"), "{}", found[0]);
+        assert_eq!(found[1], "__global__ \\n kept");
+        let without_raw: Vec<&str> = ONE_LINE
+            .lines()
+            .filter(|l| !l.starts_with("_RAW"))
+            .collect();
+        let o = judge(&without_raw.join("\n"));
+        assert_eq!(o.status, Status::CompiledOnly, "{o:?}");
+        assert_eq!(o.kernels.len(), 1, "{o:?}");
+        assert_eq!(o.kernels[0].name, "k0");
+    }
+
     #[test]
     fn the_cuda_strings_of_a_python_candidate_are_found() {
         let found = cuda_sources(CANDIDATE);
