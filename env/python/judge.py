@@ -578,7 +578,8 @@ def zygote():
 
 def from_runner(name):
     """One of the runner's definitions (the cell's layout, call kinds, record
-    kinds, dtypes, `Cuda`, `device_bytes`, `load_module`, `error_text`), read
+    kinds, dtypes, `Cuda`, `device_bytes`, `load_module`, `error_text`,
+    `proc_stat`), read
     from its source so that the two never disagree."""
     if not _RUNNER:
         ns = {"__name__": "mtmc_runner_definitions"}
@@ -658,12 +659,10 @@ class Child(Channel):
     def state_text(self):
         """What the kernel says the runner is doing, for a call that did not
         return."""
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                stat = f.read()
-            state = stat[stat.rfind(")") + 2:].split()[0]
-        except (OSError, IndexError, TypeError):
+        fields = from_runner("proc_stat")(self.pid) if self.pid is not None else []
+        if not fields:
             return "its process could not be inspected"
+        state = fields[0]
         names = {"R": "running", "S": "sleeping", "D": "waiting on a device", "T": "stopped", "t": "stopped by a tracer", "Z": "a zombie"}
         try:
             with open(f"/proc/{self.pid}/wchan") as f:

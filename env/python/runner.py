@@ -205,6 +205,18 @@ def keeper(req, sock_fd, cell_fd):
     os._exit(0)
 
 
+def proc_stat(pid):
+    """The fields of `/proc/PID/stat` after the command name (state first,
+    then the parent's pid), or none when the process is gone. The name
+    stands in parentheses and may hold any character, `)` and spaces too."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return []
+    return stat[stat.rfind(")") + 2:].split()
+
+
 def sweep(uid):
     """Kills the runner and everything it started: every process of its own
     user id (where it has one), then, until none is left, every child of
@@ -226,12 +238,7 @@ def sweep(uid):
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
+            fields = proc_stat(entry)
             if len(fields) > 1 and int(fields[1]) == me:
                 children.append(int(entry))
         for child in children:
