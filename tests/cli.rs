@@ -610,7 +610,19 @@ fn eval_on_the_cpu_judges_candidates_and_keeps_going_after_a_cheat() {
     ])
     .env("MTMC_PYTHON", &python)
     .env("MTMC_CACHE_DIR", cache.path())
+    .env("MTMC_JUDGE_DEBUG", "1")
     .success();
+    // With MTMC_JUDGE_DEBUG=1 the judge's and the runners' lines reach
+    // mtmc's stderr.
+    let e = &out.stderr;
+    assert!(
+        e.contains("mtmc judge ") && e.contains(": candidate: begin calls"),
+        "{e}"
+    );
+    assert!(
+        e.contains(" candidate op calls done: {'ok': True, 'served': True}"),
+        "{e}"
+    );
     let s = &out.stdout;
     assert!(
         s.contains(

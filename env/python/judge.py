@@ -403,6 +403,10 @@ class Stage:
                 if normal_seed is not None:
                     normal_inputs(xs, normal_seed)
                 xs = [self.in_pool(x) for x in xs]
+            # Another process reads them as soon as it is told to: the
+            # judge's stream must have written them by then (the memory is
+            # the last inputs', back in the pool).
+            t.cuda.current_stream(self.device).synchronize()
             return xs, self.describe(xs)
         xs = make_inputs(ns, seed, self.device, mode)
         if normal_seed is not None:
@@ -696,10 +700,19 @@ class Child(Channel):
             raise Lost(f"the {self.role}'s process did not start serving calls")
 
     def end_calls(self, deadline):
-        self.call(from_runner("STOP"), None, 0, deadline)
+        # Not timed: the runner's reply on the socket says it stopped (the
+        # judge does not spin on the cell for it).
+        cell = self.cell
+        struct.pack_into("<II", cell, from_runner("KIND"), from_runner("STOP"), 0)
+        self.seq += 1
+        struct.pack_into("<Q", cell, from_runner("GO"), self.seq)
         msg = self.line(deadline)
         if not msg.get("served"):
             raise Lost(f"the {self.role}'s process did not stop serving calls")
+        done = struct.unpack_from("<Q", cell, from_runner("DONE"))[0]
+        if done != self.seq:
+            debug(f"{self.role}: stopped serving with the cell's done at {done}, go at {self.seq}")
+            self.seq = done
 
     def call(self, kind, desc, watch, deadline):
         """One call: the host times at release and at `done`."""

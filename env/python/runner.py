@@ -75,6 +75,12 @@ def log(*parts):
     print("mtmc runner:", *parts, file=sys.stderr, flush=True)
 
 
+def debug(*parts):
+    """A line on stderr when MTMC_JUDGE_DEBUG=1, as the judge's."""
+    if os.environ.get("MTMC_JUDGE_DEBUG") == "1":
+        log(f"{os.getpid()} {time.monotonic():.3f}", *parts)
+
+
 def send_line(sock, obj):
     sock.sendall((json.dumps(obj) + "\n").encode())
 
@@ -492,16 +498,19 @@ class Runner:
             # The judge, the reference runner and this one share the CPU.
             t.set_num_threads(1)
         held = held + restrict(self.req["role"], self.req["scratch"])
+        debug(self.req["role"], "ready:", "; ".join(held))
         send_line(self.sock, {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "confinement": held})
         while True:
             msg, fds = self.receive()
             if msg is None:
                 return
             op = msg.get("op")
+            debug(self.req["role"], "op", op)
             try:
                 reply = getattr(self, "op_" + op)(msg, fds)
             except Exception as e:  # noqa: BLE001  (the judge decides what it means)
                 reply = {"ok": False, "error": error_text(e)}
+            debug(self.req["role"], "op", op, "done:", str(reply)[:300])
             send_line(self.sock, reply)
             if op == "exit":
                 return
@@ -848,6 +857,23 @@ def kernel_reports(ns, model):
     return found
 
 
+def point_caches_at(cupy_dir):
+    """Points the kernel caches that the zygote's imports fixed at their
+    import (with the judge's HOME) at the runner's scratch folder: the rest
+    of the file system is read-only to the candidate. cupy 14 makes its disk
+    cache when `cupy.cuda.compiler` is imported; earlier cupy read
+    `CUPY_CACHE_DIR` at each compile, with a default fixed at import."""
+    compiler = sys.modules.get("cupy.cuda.compiler")
+    if compiler is None:
+        return
+    if hasattr(compiler, "_set_kernel_cache_backend"):
+        from cupy.cuda._compiler_cache import DiskKernelCacheBackend
+
+        compiler._set_kernel_cache_backend(DiskKernelCacheBackend(cupy_dir))
+    if hasattr(compiler, "_default_cache_dir"):
+        compiler._default_cache_dir = cupy_dir
+
+
 def runner(req, sock_fd, cell_fd):
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     sock = socket.socket(fileno=sock_fd)
@@ -864,6 +890,7 @@ def runner(req, sock_fd, cell_fd):
     import tempfile
 
     tempfile.tempdir = None
+    point_caches_at(os.environ["CUPY_CACHE_DIR"])
     os.chdir(scratch)
     held = confine(req["role"], req.get("uid"))
     Runner(req, sock, cell).serve(held)

@@ -219,8 +219,14 @@ impl Worker {
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         let mut err_lines = BufReader::new(child.stderr.take().expect("stderr is piped")).lines();
         let tail = Arc::clone(&stderr);
+        // With MTMC_JUDGE_DEBUG the judge says what it is doing on stderr:
+        // those lines reach this process's stderr too.
+        let echo = std::env::var("MTMC_JUDGE_DEBUG").is_ok_and(|v| v == "1");
         tokio::spawn(async move {
             while let Ok(Some(line)) = err_lines.next_line().await {
+                if echo {
+                    eprintln!("{line}");
+                }
                 let mut t = tail.lock().expect("stderr tail lock");
                 if t.len() == STDERR_TAIL {
                     t.pop_front();
