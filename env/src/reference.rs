@@ -744,41 +744,52 @@ pub fn binary(b: BinaryOp, x: f64, y: f64) -> f64 {
     }
 }
 
-/// A small, fast, seeded generator (splitmix64): inputs for the native
-/// evaluator and the sample of elements it checks.
+/// A seeded generator: `rand`'s ChaCha8 (`rand_chacha::ChaCha8Rng`, whose
+/// stream for a seed is the same on every platform and release of the
+/// crate), for the native evaluator's inputs and the sample of elements it
+/// checks, and, through `mtmc_planner::rng`, every seeded draw of the
+/// planner.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(rand_chacha::ChaCha8Rng);
 
 impl Rng {
     /// A generator from `seed`.
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        use rand::SeedableRng;
+        Rng(rand_chacha::ChaCha8Rng::seed_from_u64(seed))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        rand::RngCore::next_u64(&mut self.0)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        rand::Rng::random::<f64>(&mut self.0)
     }
 
     /// Uniform in [lo, hi).
     pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+        lo + (hi - lo) * self.unit()
     }
 
-    /// Standard normal (Box–Muller).
+    /// Standard normal.
     pub fn normal(&mut self) -> f64 {
-        let u = self.uniform(f64::MIN_POSITIVE, 1.0);
-        let v = self.uniform(0.0, 1.0);
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+        rand::Rng::sample(&mut self.0, rand_distr::StandardNormal)
     }
 
-    /// Uniform in [0, n).
+    /// Uniform in [0, n) (0 when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
+        if n == 0 {
+            return 0;
+        }
+        rand::Rng::random_range(&mut self.0, 0..n)
+    }
+
+    /// Shuffles `v` in place.
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        rand::seq::SliceRandom::shuffle(v, &mut self.0);
     }
 }
 

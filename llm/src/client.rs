@@ -4,7 +4,6 @@
 //! failures, a bound on requests in flight, token and cost accounting, and
 //! the response cache in the store.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,7 +77,8 @@ pub struct Client {
     /// Consecutive failed attempts (reset by any success).
     failed_in_a_row: Mutex<(u32, String)>,
     stats: Mutex<Stats>,
-    jitter: AtomicU64,
+    /// The jitter's generator, seeded from the clock.
+    jitter: Mutex<rand_chacha::ChaCha8Rng>,
     log: Log,
 }
 
@@ -130,7 +130,7 @@ impl Client {
             run: run.to_string(),
             failed_in_a_row: Mutex::new((0, String::new())),
             stats: Mutex::new(Stats::default()),
-            jitter: AtomicU64::new(seed | 1),
+            jitter: Mutex::new(rand::SeedableRng::seed_from_u64(seed)),
             log: Arc::new(|line: &str| eprintln!("llm: {line}")),
         }
     }
@@ -346,15 +346,7 @@ impl Client {
         let full = Duration::from_millis(self.config.backoff_ms)
             .saturating_mul(1u32 << k.min(20))
             .min(cap);
-        // splitmix64 step for the jitter.
-        let mut z = self
-            .jitter
-            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-            .wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+        let unit: f64 = rand::Rng::random(&mut *self.jitter.lock().expect("jitter lock"));
         full.mul_f64(0.5 + 0.5 * unit)
     }
 

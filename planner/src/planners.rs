@@ -15,7 +15,7 @@ pub enum Planner {
     /// The trained policy (or committee): its most likely legal move.
     Trained(Box<Committee<Cpu>>),
     /// A legal move other than stop, uniformly (stop when none is left).
-    Random(Rng),
+    Random(Box<Rng>),
     /// Hand-written rules.
     Greedy,
     /// The first legal move in index order: over an episode it walks the

@@ -1,8 +1,9 @@
-//! A small seeded generator (SplitMix64): sampling actions, shuffling
-//! minibatches and initial weights all come from it, so a seeded run is
-//! reproducible without a global random state.
+//! The planner's seeded generator: sampling actions, shuffling minibatches
+//! and initial weights all come from it, so a seeded run is reproducible
+//! without a global random state. It is the environment's
+//! ([`mtmc_env::reference::Rng`], `rand`'s ChaCha8), seeded apart from it.
 
-/// SplitMix64: the environment's generator, seeded apart from it.
+/// The environment's generator, seeded apart from it.
 #[derive(Clone, Debug)]
 pub struct Rng(mtmc_env::reference::Rng);
 
@@ -19,12 +20,12 @@ impl Rng {
 
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.unit()
     }
 
-    /// Uniform in [0, n).
+    /// Uniform in [0, n) (0 when `n` is 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.unit() * n as f64) as usize % n.max(1)
+        self.0.below(n)
     }
 
     /// An index drawn with probabilities `p` (which sum to about 1).
@@ -40,11 +41,8 @@ impl Rng {
         p.iter().rposition(|&x| x > 0.0).unwrap_or(0)
     }
 
-    /// Shuffles `v` in place (Fisher–Yates).
+    /// Shuffles `v` in place.
     pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i + 1);
-            v.swap(i, j);
-        }
+        self.0.shuffle(v);
     }
 }

@@ -124,7 +124,7 @@ impl Choice {
     pub fn load(&self, seed: u64) -> Result<Loaded> {
         Ok(match self {
             Choice::Random => Loaded {
-                planner: Planner::Random(Rng::new(seed)),
+                planner: Planner::Random(Box::new(Rng::new(seed))),
                 rtg: None,
                 version: "random".into(),
                 policy_stops: false,
