@@ -702,17 +702,24 @@ class Child(Channel):
     def end_calls(self, deadline):
         # Not timed: the runner's reply on the socket says it stopped (the
         # judge does not spin on the cell for it).
-        cell = self.cell
-        struct.pack_into("<II", cell, from_runner("KIND"), from_runner("STOP"), 0)
-        self.seq += 1
-        struct.pack_into("<Q", cell, from_runner("GO"), self.seq)
+        self.release(from_runner("STOP"), 0)
         msg = self.line(deadline)
         if not msg.get("served"):
             raise Lost(f"the {self.role}'s process did not stop serving calls")
-        done = struct.unpack_from("<Q", cell, from_runner("DONE"))[0]
+        done = struct.unpack_from("<Q", self.cell, from_runner("DONE"))[0]
         if done != self.seq:
             debug(f"{self.role}: stopped serving with the cell's done at {done}, go at {self.seq}")
             self.seq = done
+
+    def release(self, kind, watch):
+        """Hands the runner its next call: the kind first, then the new
+        sequence number it waits for. Returns that number and the host's
+        time just before the release."""
+        struct.pack_into("<II", self.cell, from_runner("KIND"), kind, watch)
+        self.seq += 1
+        t0 = _clock()
+        struct.pack_into("<Q", self.cell, from_runner("GO"), self.seq)
+        return self.seq, t0
 
     def call(self, kind, desc, watch, deadline):
         """One call: the host times at release and at `done`."""
@@ -723,13 +730,9 @@ class Child(Channel):
             cell[from_runner("IN_BASE"):from_runner("IN_BASE") + len(desc)] = desc
             struct.pack_into("<I", cell, from_runner("IN_LEN"), len(desc))
             self.desc = desc
-        struct.pack_into("<II", cell, from_runner("KIND"), kind, watch)
-        self.seq += 1
-        seq = self.seq
         done_at = from_runner("DONE")
         spin = self.device == "cuda"
-        t0 = _clock()
-        struct.pack_into("<Q", cell, from_runner("GO"), seq)
+        seq, t0 = self.release(kind, watch)
         n = 0
         # On a GPU both sides spin (a wake-up would count in the call's
         # time); on the CPU they share the cores with the call, and sleep.

@@ -75,9 +75,12 @@ def log(*parts):
     print("mtmc runner:", *parts, file=sys.stderr, flush=True)
 
 
+_DEBUG = os.environ.get("MTMC_JUDGE_DEBUG") == "1"
+
+
 def debug(*parts):
     """A line on stderr when MTMC_JUDGE_DEBUG=1, as the judge's."""
-    if os.environ.get("MTMC_JUDGE_DEBUG") == "1":
+    if _DEBUG:
         log(f"{os.getpid()} {time.monotonic():.3f}", *parts)
 
 
