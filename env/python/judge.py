@@ -77,6 +77,9 @@ TIMING_METHOD = "judge-2"
 # Share of the timed calls whose outputs are compared (at least MIN_CHECKED),
 # and how many calls run with the watchers on.
 CHECKED_SHARE, MIN_CHECKED, WATCHED = 0.08, 6, 3
+# Share of a candidate's steps (at least MIN_BESIDE) on which eager runs
+# beside it, with a call that does nothing for the calibration.
+BESIDE_SHARE, MIN_BESIDE = 0.3, 30
 
 # A candidate's calls are timed from the moment the judge releases them to
 # the moment its runner says it is done, less the same span of a call that
@@ -599,7 +602,8 @@ class Child(Channel):
         self.role, self.sock, self.cell, self.keeper, self.device = role, sock, cell, keeper, device
         self.what = f"{role}'s process"
         self.buf = b""
-        self.seq = struct.unpack_from("<Q", cell, from_runner("DONE"))[0]
+        self.words = from_runner("Words")(cell)
+        self.seq = self.words.q[from_runner("DONE_W")]
         self.desc = None
         self.pid = None
         self.pidfd = None
@@ -681,7 +685,7 @@ class Child(Channel):
         waited = _clock() + 1.0
         code = 0
         while code == 0 and _clock() < waited:
-            code = struct.unpack_from("<i", self.cell, from_runner("EXIT_INFO"))[0]
+            code = self.words.i[from_runner("EXIT_W")]
             if code == 0:
                 time.sleep(0.01)
         if code >= 1000:
@@ -706,7 +710,7 @@ class Child(Channel):
         msg = self.line(deadline)
         if not msg.get("served"):
             raise Lost(f"the {self.role}'s process did not stop serving calls")
-        done = struct.unpack_from("<Q", self.cell, from_runner("DONE"))[0]
+        done = self.words.q[from_runner("DONE_W")]
         if done != self.seq:
             debug(f"{self.role}: stopped serving with the cell's done at {done}, go at {self.seq}")
             self.seq = done
@@ -715,10 +719,13 @@ class Child(Channel):
         """Hands the runner its next call: the kind first, then the new
         sequence number it waits for. Returns that number and the host's
         time just before the release."""
-        struct.pack_into("<II", self.cell, from_runner("KIND"), kind, watch)
+        q, i = self.words.q, self.words.i
+        i[from_runner("KIND_W")] = kind
+        i[from_runner("WATCH_W")] = watch
         self.seq += 1
+        go = from_runner("GO_W")
         t0 = _clock()
-        struct.pack_into("<Q", self.cell, from_runner("GO"), self.seq)
+        q[go] = self.seq
         return self.seq, t0
 
     def call(self, kind, desc, watch, deadline):
@@ -730,14 +737,14 @@ class Child(Channel):
             cell[from_runner("IN_BASE"):from_runner("IN_BASE") + len(desc)] = desc
             struct.pack_into("<I", cell, from_runner("IN_LEN"), len(desc))
             self.desc = desc
-        done_at = from_runner("DONE")
+        q, done = self.words.q, from_runner("DONE_W")
         spin = self.device == "cuda"
         seq, t0 = self.release(kind, watch)
         n = 0
         # On a GPU both sides spin (a wake-up would count in the call's
         # time); on the CPU they share the cores with the call, and sleep.
         every = 0xFFF if spin else 0x3F
-        while struct.unpack_from("<Q", cell, done_at)[0] != seq:
+        while q[done] != seq:
             n += 1
             if n & every == 0:
                 if _clock() > deadline:
@@ -841,6 +848,7 @@ class Child(Channel):
             for handle in self.opened:
                 cuda_api().close(handle)
             self.opened.clear()
+        self.words.release()
         for f in (self.sock, self.cell):
             try:
                 f.close()
@@ -939,6 +947,18 @@ def start_spare(device):
             _SPARE.append(new_child("candidate", device, _clock() + 60))
         except (Lost, Overran, OSError) as e:
             print(f"mtmc judge: could not start a spare runner: {e}", file=sys.stderr)
+
+
+def spare_ready(deadline):
+    """Waits for the spare runner to be up (its CUDA start must not share
+    the GPU with timed calls); one that fails is dropped."""
+    for child in list(_SPARE):
+        try:
+            child.wait_ready(deadline)
+        except (Lost, Overran, OSError, ValueError) as e:
+            print(f"mtmc judge: the spare runner did not start: {e}", file=sys.stderr)
+            _SPARE.remove(child)
+            child.kill()
 
 
 # ---------------------------------------------------------------- reference
@@ -1294,38 +1314,45 @@ def call_times(records, who, cal, device, kinds=("timed",)):
     return out
 
 
-def timed_steps(ref, s, device, callers, kinds, deadline, on_call=None):
+def timed_steps(ref, s, device, callers, kinds, deadline, on_call=None, checked=(), beside=None):
     """Runs one step per entry of `kinds`: fresh inputs from `get_inputs()`
     under a seed no runner can know, a call that does nothing on the
     reference runner, then one call of each of `callers` (in an order that
-    alternates), each after an L2 flush. A call of kind `checked` ends with
-    the judge copying its outputs (`on_call` checks them); any other ends
-    with an event on the judge's stream. Returns a record per call."""
+    alternates), each after an L2 flush and followed by an event on the
+    judge's stream. Where `beside` (a set of steps) is given, the call that
+    does nothing and every caller but the first run on those steps only.
+    After a candidate's call on a step in `checked` the judge copies its
+    outputs (`on_call` checks them). Returns a record per call."""
     null_runner = ref["runner"]
     serving = [null_runner] + [c for _, c in callers if c is not null_runner]
     for c in serving:
         c.begin_calls(deadline)
     try:
-        return steps_of(ref, s, device, callers, kinds, deadline, on_call)
+        return steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
     finally:
         for c in serving:
             if c.alive():
                 c.end_calls(deadline)
 
 
-def steps_of(ref, s, device, callers, kinds, deadline, on_call):
+def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside):
     """`timed_steps` while the runners serve calls."""
     t = torch()
     secret = random.SystemRandom()
     stage, cuda, null_runner = ref["stage"], device.type == "cuda", ref["runner"]
     records = []
+    began, spent = _clock(), {"inputs": 0.0, "calls": 0.0, "checks": 0.0}
     for step, kind in enumerate(kinds):
         seed = secret.getrandbits(62)
+        g0 = _clock()
         xs, desc = stage.generate(ref["ns"], seed, s["inputs"])
+        spent["inputs"] += _clock() - g0
         if step < 2:
             debug(f"step {step} ({kind}): inputs {desc[:200]!r}")
-        order = callers if step % 2 == 0 else list(reversed(callers))
-        for who, child in [("null", null_runner)] + order:
+        order = [("null", null_runner)] + (callers if step % 2 == 0 else list(reversed(callers)))
+        if beside is not None and step not in beside:
+            order = [c for c in order if c[0] == callers[0][0]]
+        for who, child in order:
             rec = {"who": who, "kind": kind if who != "null" else "null", "step": step, "seed": seed}
             flush_ms = None
             if cuda:
@@ -1335,29 +1362,34 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call):
                 b.record()
                 b.synchronize()
                 flush_ms = a.elapsed_time(b)
+            c0 = _clock()
             t0, t_done = child.call(from_runner("NULL") if who == "null" else from_runner("CALL"), desc, int(kind == "watched"), deadline)
             error = child.outcome_of_call()
             if error is not None and who == "null":
                 raise RuntimeError(f"the reference runner failed a call that does nothing: {error}")
-            outs = None
-            if kind == "checked" and who == "candidate" and error is None:
-                outs = child.outputs(stage)
-            elif cuda:
+            if cuda:
                 e = t.cuda.Event()
                 e.record()
                 e.synchronize()
             t1 = _clock()
+            outs = None
+            spent["calls"] += _clock() - c0
+            if step in checked and who == "candidate" and error is None:
+                outs = child.outputs(stage)
+                rec["checked"] = True
             rec.update(span_ms=(t_done - t0) * 1e3, seal_ms=(t1 - t_done) * 1e3, flush_ms=flush_ms)
             if step < 2:
                 debug(f"step {step}: {who} call", rec)
             if error is not None:
                 rec["error"] = error
             records.append(rec)
-            if on_call is not None and who == "candidate" and on_call(rec, child, xs, outs, seed):
-                return records
-            if error is not None and who == "candidate":
+            k0 = _clock()
+            stop = on_call is not None and who == "candidate" and on_call(rec, child, xs, outs, seed)
+            spent["checks"] += _clock() - k0
+            if stop or (error is not None and who == "candidate"):
                 return records
         del xs
+    debug(f"{len(kinds)} steps in {_clock() - began:.3f} s: " + ", ".join(f"{k} {v:.3f} s" for k, v in spent.items()))
     return records
 
 
@@ -1428,11 +1460,12 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     the timed calls, a check with the parameters scaled in place.
 
     Timed calls: a random number of warm-ups, then `trials` calls whose
-    times count, mixed at random with calls whose outputs the judge copies
-    and compares (`checked`) and calls run with the watchers on (`watched`).
-    Every call gets fresh inputs drawn under a seed no runner can know; the
-    candidate cannot tell the kinds apart before it returns. Beside each
-    call eager runs on the same inputs in the reference runner."""
+    times count, mixed at random with calls run with the watchers on
+    (`watched`); the judge copies and compares the outputs of some timed
+    calls and one warm-up, chosen at random (`checked`). Every call gets
+    fresh inputs drawn under a seed no runner can know; the candidate cannot
+    tell the kinds apart before it returns. Beside a random share of the
+    calls eager runs on the same inputs in the reference runner."""
     t = torch()
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     tolerance = (atol, rtol, req.get("max_error_to_scale", 1e-2))
@@ -1446,6 +1479,9 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         if device.type == "cuda" and any(m in error for m in CUDA_FATAL):
             return runtime_error(outcome, error)
         return outcome
+    # The next candidate's runner starts now, while this one's correctness
+    # trials run (untimed), and is ready before the timed calls.
+    start_spare(device)
     torch_ops, swallowed = {}, []
 
     def watched_report():
@@ -1472,6 +1508,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     second = "passed"
     child.begin_calls(deadline)
     for n, seed, normal_seed in trials:
+        trial_began = _clock()
         xs, desc = stage.generate(ref["ns"], seed, s["inputs"], normal_seed)
         if normal_seed is None:
             refs = reference_outputs(ref, n, xs)
@@ -1484,13 +1521,17 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
             if not all(bool(t.isfinite(r).all()) for r in refs if r.is_floating_point()):
                 second = "skipped: the reference's outputs are not finite on normal inputs"
                 break
+        marks = [_clock()]
         kept = snapshot(xs)
+        marks.append(_clock())
         child.call(from_runner("CALL"), desc, 1, deadline)
         error = child.outcome_of_call()
         if error is not None:
             outcome["trials_run"] = len(checks)
             return runtime_error(outcome, error)
+        marks.append(_clock())
         outs = child.outputs(stage)
+        marks.append(_clock())
         watched_report()
         which = "KernelBench's correctness trials" if normal_seed is None else "inputs drawn from a normal distribution"
         verdict = watch_verdict(len(checks) + 1, which)
@@ -1503,6 +1544,10 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         check = compare(refs, outs, *tolerance)
         del xs, refs, kept, outs
         checks.append(check)
+        marks.append(_clock())
+        if _DEBUG:
+            steps = [marks[0] - trial_began] + [b - a for a, b in zip(marks, marks[1:])]
+            debug(f"correctness trial {n}: {_clock() - trial_began:.3f} s (" + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in zip(["inputs and reference", "snapshot", "call", "outputs", "checks"], steps)) + ")")
         if not check["ok"]:
             if normal_seed is not None:
                 check["why"] = f"on inputs drawn from a normal distribution (same shapes and dtypes): {check['why']}"
@@ -1521,11 +1566,14 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     # The timed calls.
     secret = random.SystemRandom()
     warmup = s["warmup"] + secret.randint(0, 3)
-    checked = max(MIN_CHECKED, round(CHECKED_SHARE * s["trials"])) + secret.randint(0, 3)
-    kinds = ["timed"] * s["trials"] + ["checked"] * checked + ["watched"] * WATCHED
+    kinds = ["timed"] * s["trials"] + ["watched"] * WATCHED
     secret.shuffle(kinds)
     kinds = ["warmup"] * warmup + kinds
-    kinds[secret.randrange(warmup)] = "checked"
+    timed = [k for k, kind in enumerate(kinds) if kind == "timed"]
+    n_checked = min(len(timed), max(MIN_CHECKED, round(CHECKED_SHARE * s["trials"])) + secret.randint(0, 3))
+    checked = set(secret.sample(timed, n_checked)) | {secret.randrange(warmup)}
+    n_beside = min(len(kinds), max(MIN_BESIDE, round(BESIDE_SHARE * len(kinds))))
+    beside = set(secret.sample(range(len(kinds)), n_beside))
     failure = {}
 
     def on_call(rec, c, xs, outs, seed):
@@ -1540,7 +1588,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
             if verdict is not None:
                 failure["verdict"] = verdict
                 return True
-        if rec["kind"] != "checked":
+        if not rec.get("checked"):
             return False
         pristine = make_inputs(ref["ns"], seed, device, s["inputs"])
         changed = mutated(pristine, xs)
@@ -1550,15 +1598,16 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         check = compare(reference_forward(ref, pristine), outs, *tolerance)
         del pristine
         if not check["ok"]:
-            where = f"call {rec['step'] + 1} of {len(kinds)}, one of {kinds.count('checked')} the judge chose at random and compared after it returned"
+            where = f"call {rec['step'] + 1} of {len(kinds)}, one of {len(checked)} the judge chose at random and compared after it returned"
             failure["verdict"] = dict(outcome, status="incorrect", failed_check="timed_call", why=f"on {where}: {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "scale", "why")})
             return True
         return False
 
+    spare_ready(deadline)
     timing_began = _clock()
     paired = s["paired_eager"] and "eager" in req.get("baselines", ["eager"]) and "error" not in ref["baselines"].get("eager", {"error": 1})
     callers = [("candidate", child)] + ([("reference", ref["runner"])] if paired else [])
-    records = timed_steps(ref, s, device, callers, kinds, deadline, on_call)
+    records = timed_steps(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
     errors = [r for r in records if r.get("who") == "candidate" and r.get("error")]
     if errors:
         return runtime_error(outcome, errors[0]["error"])
@@ -1575,7 +1624,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     outcome["runtime"] = stats(call_times(records, "candidate", cal, device), clock_name(device))
     outcome["timing_seconds"] = _clock() - timing_began
     outcome["integrity"].update(
-        calls=len(kinds), warmup=warmup, checked=kinds.count("checked"), watched=WATCHED,
+        calls=len(kinds), warmup=warmup, checked=len(checked), watched=WATCHED, eager_beside=len(beside) if paired else 0,
         null_ms=cal["null_ms"], seal_ms=cal["seal_ms"],
     )
     eager = None

@@ -295,6 +295,9 @@ pub struct Integrity {
     /// Calls run with the watchers on (torch ops, swallowed exceptions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watched: Option<u32>,
+    /// Steps on which eager ran beside the candidate (0: not paired).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eager_beside: Option<u32>,
     /// The span of a call that does nothing, subtracted from every call's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub null_ms: Option<f64>,

@@ -83,3 +83,82 @@ async fn a_reply_without_the_token_is_refused() {
     assert!(e.to_string().contains("without this worker's token"), "{e}");
     assert!(slot.is_idle(), "the worker was stopped");
 }
+
+/// The cell's counters are read and written whole. A runner spinning on
+/// `go` while the judge moves it from 255 to 256 must never see a number in
+/// between (it would serve a call it was not given, or stop): one process
+/// moves `go` across byte boundaries while another reads it, through the
+/// runner's own `Words`.
+#[test]
+fn the_cells_counters_are_never_read_half_written() {
+    let script = r#"
+import mmap, os, struct, sys, time
+ns = {"__name__": "mtmc_runner_definitions"}
+exec(compile(sys.stdin.read(), "runner.py", "exec"), ns)
+pairs = [(255, 256), (65535, 65536), ((1 << 32) - 1, 1 << 32)]
+def run(write, read):
+    cell = mmap.mmap(-1, ns["CELL_BYTES"])
+    write(cell, 255)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        allowed = {v for p in pairs for v in p}
+        torn, reads = 0, 0
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            for _ in range(20000):
+                if read(cell) not in allowed:
+                    torn += 1
+            reads += 20000
+        os.write(w, f"{torn} {reads}".encode())
+        os._exit(0)
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        for a, b in pairs:
+            for _ in range(200):
+                write(cell, b)
+                write(cell, a)
+    os.waitpid(pid, 0)
+    return os.read(r, 100).decode()
+words = {}
+def w_words(cell, v):
+    if id(cell) not in words:
+        words[id(cell)] = ns["Words"](cell)
+    words[id(cell)].q[ns["GO_W"]] = v
+def r_words(cell):
+    if id(cell) not in words:
+        words[id(cell)] = ns["Words"](cell)
+    return words[id(cell)].q[ns["GO_W"]]
+print("words", run(w_words, r_words))
+print("struct", run(lambda c, v: struct.pack_into("<Q", c, ns["GO"], v), lambda c: struct.unpack_from("<Q", c, ns["GO"])[0]))
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 is needed");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(mtmc_env::worker::RUNNER_SCRIPT.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // For comparison: a word written with struct.pack_into (a byte at a
+    // time) is read torn wherever the two processes ran at once.
+    eprintln!("{text}");
+    let line = text.lines().find(|l| l.starts_with("words ")).unwrap();
+    let torn: u64 = line.split(' ').nth(1).unwrap().parse().unwrap();
+    let reads: u64 = line.split(' ').nth(2).unwrap().parse().unwrap();
+    assert!(reads > 0, "{text}");
+    assert_eq!(torn, 0, "a counter was read half-written: {text}");
+}

@@ -425,6 +425,9 @@ fn print_integrity(out: &mut dyn std::io::Write, i: &mtmc_env::outcome::Integrit
             out,
             "  {calls} timed-phase calls on fresh inputs ({warmup} warm-ups), {checked} compared at random after they returned"
         )?;
+        if let Some(beside) = i.eager_beside.filter(|&n| n > 0) {
+            write!(out, "; eager beside {beside} of them")?;
+        }
         match i.null_ms {
             Some(null) => writeln!(out, "; {null:.4} ms a call that does nothing, subtracted")?,
             None => writeln!(out)?,

@@ -13,5 +13,5 @@ class ModelNew(nn.Module):
     def forward(self, x):
         y = torch.empty_like(x)
         for _ in range(20):
-            torch.relu(x, out=y)
+            torch.clamp(x, min=0.0, out=y)
         return y
