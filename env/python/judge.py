@@ -1372,8 +1372,8 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
                 e.record()
                 e.synchronize()
             t1 = _clock()
+            spent["calls"] += t1 - c0
             outs = None
-            spent["calls"] += _clock() - c0
             if step in checked and who == "candidate" and error is None:
                 outs = child.outputs(stage)
                 rec["checked"] = True

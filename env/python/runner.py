@@ -51,7 +51,6 @@ WATCH_BASE, WATCH_MAX = ERR_BASE + ERR_MAX, 1 << 16
 CELL_BYTES = WATCH_BASE + WATCH_MAX
 
 
-
 class Words:
     """The cell's counters and flags, each read and written as one aligned
     machine word: `q[GO_W]`, `q[DONE_W]`, `i[KIND_W]`, `i[WATCH_W]`,
