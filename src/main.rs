@@ -125,6 +125,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 return mtmc_search::plan::optimize(
                     out,
                     mtmc_search::plan::OptimizeRequest {
+                        stop: catch_signals()?,
                         kernelbench: kb,
                         name,
                         planner,
@@ -193,6 +194,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             mtmc_search::optimize::run(
                 out,
                 mtmc_search::optimize::Request {
+                    stop: catch_signals()?,
                     subject,
                     out_dir: &out_dir,
                     timeout: std::time::Duration::from_secs(timeout),
@@ -218,6 +220,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
         } => mtmc_search::plan::explore(
             out,
             mtmc_search::plan::ExploreRequest {
+                stop: catch_signals()?,
                 kernelbench: kb,
                 names: &problems,
                 levels: &levels,
@@ -246,6 +249,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
         } => mtmc_search::plan::rejudge(
             out,
             mtmc_search::plan::RejudgeRequest {
+                stop: catch_signals()?,
                 kernelbench: kb,
                 names: &problems,
                 levels: &levels,
@@ -274,6 +278,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
         } => mtmc_search::plan::train(
             out,
             mtmc_search::plan::TrainRequest {
+                stop: catch_signals()?,
                 store: &trajectories,
                 out_dir: &out_dir,
                 device,
@@ -341,6 +346,11 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             mtmc_search::live::compare_live(
                 out,
                 mtmc_search::live::LiveRequest {
+                    stop: if table_only {
+                        interrupt::Interrupt::new()
+                    } else {
+                        catch_signals()?
+                    },
                     kernelbench: kb,
                     store: &trajectories,
                     checkpoint: checkpoint.as_deref(),
@@ -379,6 +389,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
         } => mtmc_search::bench::run(
             out,
             mtmc_search::bench::Request {
+                stop: catch_signals()?,
                 kernelbench: kb,
                 names: &problems,
                 levels: &levels,
@@ -427,6 +438,12 @@ fn one_line(e: &anyhow::Error) -> String {
         line.push_str(&link);
     }
     line
+}
+
+/// Ctrl-C and SIGTERM as a stop the command reads between items of work
+/// (a second signal exits at once).
+fn catch_signals() -> Result<interrupt::Interrupt> {
+    interrupt::Interrupt::catch().context("catching Ctrl-C")
 }
 
 fn main() -> ExitCode {

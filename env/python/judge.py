@@ -72,11 +72,17 @@ CUDA_FATAL = (
 
 # The version of how calls are timed: part of the baseline cache's key, so
 # that timings taken otherwise are never mixed with these.
-TIMING_METHOD = "judge-2"
+TIMING_METHOD = "judge-3"
 
 # Share of the timed calls whose outputs are compared (at least MIN_CHECKED),
 # and how many calls run with the watchers on.
 CHECKED_SHARE, MIN_CHECKED, WATCHED = 0.08, 6, 3
+# A checked timed call's output with more elements than SAMPLE_ABOVE is
+# compared at SAMPLED positions drawn after it returned (read from the
+# candidate's memory at once, as a full copy would be), and its inputs at
+# SAMPLED positions drawn when they were: the correctness trials compare
+# every element.
+SAMPLE_ABOVE, SAMPLED = 1 << 22, 1 << 20
 # Share of a candidate's steps (at least MIN_BESIDE) on which eager runs
 # beside it, with a call that does nothing for the calibration.
 BESIDE_SHARE, MIN_BESIDE = 0.3, 30
@@ -95,6 +101,9 @@ PAIRED_SLOWER_AT_MOST = 1.05
 # a flush that takes longer shares the GPU with work of the candidate's that
 # runs between its calls.
 BUSY_RATIO, BUSY_MARGIN_MS = 1.5, 0.05
+# What a flush timed on the host may take beyond its median with no
+# candidate before the rest is charged to the step's candidate (host noise).
+FLUSH_SLACK_MS = 0.02
 
 # The factor the parameters are scaled by in place for the last check.
 PARAMETER_SCALE = 0.5
@@ -258,7 +267,15 @@ def compare(refs, outs, atol, rtol, min_scale_ratio):
         return {"ok": False, "why": f"the candidate returned {len(outs)} output(s), the reference {len(refs)}"}
     total = {"max_abs_err": 0.0, "scale": 0.0}
     for k, (ref, out) in enumerate(zip(refs, outs)):
-        one = {"ok": False, "why": out} if isinstance(out, str) else compare_one(t, ref, out, atol, rtol, min_scale_ratio)
+        if isinstance(out, Sampled):
+            if out.shape != list(ref.shape):
+                one = {"ok": False, "why": f"shape {out.shape} differs from the reference's {list(ref.shape)}"}
+            elif out.dtype != ref.dtype:
+                one = {"ok": False, "why": f"dtype {out.dtype} differs from the reference's {ref.dtype}"}
+            else:
+                one = compare_one(t, take_flat(ref.detach(), out.picks.to(ref.device)), out.values, atol, rtol, min_scale_ratio, shape=out.shape, picks=out.picks)
+        else:
+            one = {"ok": False, "why": out} if isinstance(out, str) else compare_one(t, ref, out, atol, rtol, min_scale_ratio)
         if len(refs) > 1 and "why" in one:
             one["why"] = f"output {k}: {one['why']}"
         if not one["ok"]:
@@ -271,7 +288,9 @@ def compare(refs, outs, atol, rtol, min_scale_ratio):
     return total
 
 
-def compare_one(t, ref, out, atol, rtol, min_scale_ratio):
+def compare_one(t, ref, out, atol, rtol, min_scale_ratio, shape=None, picks=None):
+    """One output against the reference's; `ref` and `out` may be the
+    elements of tensors of `shape` at flat positions `picks`."""
     # KernelBench's tolerance for half-precision outputs.
     if ref.dtype in (t.float16, t.bfloat16):
         atol, rtol = max(atol, 1e-2), max(rtol, 1e-2)
@@ -312,7 +331,8 @@ def compare_one(t, ref, out, atol, rtol, min_scale_ratio):
             bad = ~t.isclose(o, r, atol=atol, rtol=rtol)
             if bool(bad.any()):
                 k = int(bad.nonzero()[0])
-                index = list(reversed([int(i) for i in _unravel(begin + k, list(ref.shape))]))
+                flat = begin + k if picks is None else int(picks[begin + k])
+                index = list(reversed([int(i) for i in _unravel(flat, list(ref.shape) if shape is None else shape)]))
                 max_abs = max_abs if math.isfinite(max_abs) else math.inf
                 return {"ok": False, "why": "values differ beyond tolerance", "first_bad_index": index, "expected": float(r[k]), "got": float(o[k]), "max_abs_err": max_abs, "scale": scale, "rel_to_scale": max_abs / scale if scale > 0 else None}
         if not math.isfinite(max_abs):
@@ -335,6 +355,68 @@ def _unravel(flat, shape):
 def snapshot(inputs):
     t = torch()
     return [x.detach().clone() if isinstance(x, t.Tensor) else x for x in inputs]
+
+
+def flat_positions(numel, device, secret):
+    """SAMPLED positions of `numel` drawn under a seed no runner can know,
+    the first and last among them."""
+    t = torch()
+    g = t.Generator(device=device)
+    g.manual_seed(secret.getrandbits(62))
+    picks = t.randint(0, numel, (SAMPLED,), generator=g, device=device)
+    picks[0], picks[-1] = 0, numel - 1
+    return picks
+
+
+def take_flat(x, picks, shape=None, stride=None, offset=0):
+    """The elements of `x` (or of the strided view of raw memory `x` with
+    `shape`, `stride`, `offset`) at logical flat positions `picks`, without
+    reading the rest."""
+    t = torch()
+    if shape is None:
+        shape, stride, offset = list(x.shape), list(x.stride()), x.storage_offset()
+        x = t.as_strided(x, (x.untyped_storage().nbytes() // x.element_size(),), (1,), 0)
+    where = t.full_like(picks, offset)
+    rest = picks.clone()
+    for d, st in zip(reversed(shape), reversed(stride)):
+        where += (rest % d) * st
+        rest //= d
+    return x[where]
+
+
+class Sampled:
+    """Elements of a tensor at known flat positions, with its shape and
+    dtype: what a checked timed call's large output is compared by."""
+
+    def __init__(self, shape, dtype, picks, values):
+        self.shape, self.dtype, self.picks, self.values = list(shape), dtype, picks, values
+
+
+def probe_inputs(xs, secret):
+    """What a check after the call compares the inputs against: a copy of
+    each small input tensor, the values at sampled positions of each large
+    one."""
+    t = torch()
+    out = []
+    for x in xs:
+        if not isinstance(x, t.Tensor) or x.numel() <= SAMPLE_ABOVE:
+            out.append(x.detach().clone() if isinstance(x, t.Tensor) else x)
+            continue
+        picks = flat_positions(x.numel(), x.device, secret)
+        out.append(Sampled(x.shape, x.dtype, picks, take_flat(x.detach(), picks)))
+    return out
+
+
+def probe_changed(probe, xs):
+    """The first input that differs from its probe, or None."""
+    t = torch()
+    for i, (p, x) in enumerate(zip(probe, xs)):
+        if isinstance(p, Sampled):
+            if not t.equal(p.values, take_flat(x.detach(), p.picks)):
+                return i
+        elif isinstance(p, t.Tensor) and not t.equal(p, x):
+            return i
+    return None
 
 
 def mutated(before, after):
@@ -729,7 +811,9 @@ class Child(Channel):
         return self.seq, t0
 
     def call(self, kind, desc, watch, deadline):
-        """One call: the host times at release and at `done`."""
+        """One call: the host times at release and at `done`. New inputs'
+        descriptor is read by the runner before, in a step of its own, so
+        that no call's time holds the reading of it."""
         cell = self.cell
         if desc is not None and desc != self.desc:
             if len(desc) > from_runner("IN_MAX"):
@@ -737,9 +821,14 @@ class Child(Channel):
             cell[from_runner("IN_BASE"):from_runner("IN_BASE") + len(desc)] = desc
             struct.pack_into("<I", cell, from_runner("IN_LEN"), len(desc))
             self.desc = desc
+            self.wait_done(*self.release(from_runner("PLAN"), 0), deadline)
+        return self.wait_done(*self.release(kind, watch), deadline)
+
+    def wait_done(self, seq, t0, deadline):
+        """Waits for the runner's `done` of call `seq` released at `t0`;
+        returns `t0` and the host's time at `done`."""
         q, done = self.words.q, from_runner("DONE_W")
         spin = self.device == "cuda"
-        seq, t0 = self.release(kind, watch)
         n = 0
         # On a GPU both sides spin (a wake-up would count in the call's
         # time); on the CPU they share the cores with the call, and sleep.
@@ -774,9 +863,11 @@ class Child(Channel):
             return {"torch_ops": {}, "swallowed": ["the watch report is unreadable"]}
         return report
 
-    def outputs(self, stage):
+    def outputs(self, stage, secret=None):
         """The judge's own copies of the call's outputs (a reason instead of
-        a tensor where one cannot be read)."""
+        a tensor where one cannot be read); with `secret`, outputs of more
+        than SAMPLE_ABOVE elements as their values at positions drawn now
+        (`Sampled`)."""
         t = torch()
         _status, count = struct.unpack_from("<II", self.cell, from_runner("OUT_STATUS"))
         if count > from_runner("OUT_MAX"):
@@ -804,16 +895,18 @@ class Child(Channel):
             tdtype = getattr(t, dtypes[dtype])
             numel = math.prod(shape)
             try:
+                picks = flat_positions(numel, stage.device, secret) if secret is not None and numel > SAMPLE_ABOVE else None
                 if numel == 0:
                     outs.append(t.empty(shape, dtype=tdtype, device=stage.device))
                 elif self.device == "cuda":
-                    outs.append(self.read_device(stage, handle, offset, tdtype, shape, stride))
+                    outs.append(self.read_device(stage, handle, offset, tdtype, shape, stride, picks))
                 else:
                     esize = t.empty(0, dtype=tdtype).element_size()
                     raw = self.out_arena
                     if offset % esize or offset + numel * esize > raw.numel():
                         raise ValueError("out of the arena")
-                    outs.append(raw[offset:offset + numel * esize].view(tdtype).view(shape).clone())
+                    view = raw[offset:offset + numel * esize].view(tdtype).view(shape)
+                    outs.append(view.clone() if picks is None else Sampled(shape, tdtype, picks, take_flat(view, picks)))
             except (RuntimeError, ValueError) as e:
                 outs.append(f"the candidate's output could not be read ({str(e)[:120]})")
         if self.device == "cuda":
@@ -822,7 +915,7 @@ class Child(Channel):
             t.cuda.synchronize()
         return outs
 
-    def read_device(self, stage, handle, offset, dtype, shape, stride):
+    def read_device(self, stage, handle, offset, dtype, shape, stride, picks=None):
         t = torch()
         own = stage.owner(handle)
         if own is not None:
@@ -834,7 +927,11 @@ class Child(Channel):
         if offset % esize:
             raise ValueError("a misaligned output")
         raw = device_bytes(ptr, size - size % esize).view(dtype)
-        return t.as_strided(raw, shape, stride, offset // esize).clone()
+        # The whole strided view must lie in the allocation.
+        t.as_strided(raw, shape, stride, offset // esize)
+        if picks is None:
+            return t.as_strided(raw, shape, stride, offset // esize).clone()
+        return Sampled(shape, dtype, picks, take_flat(raw, picks, shape, stride, offset // esize))
 
     def kill(self):
         """Ends the runner and every process it started; closes what the
@@ -1030,10 +1127,16 @@ def build_reference(problem, s, device, deadline):
     if s["references"] == "recompute":
         kept = "recomputed"
     in_bytes = out_bytes = 0
+    ref["mutates_inputs"] = False
     for trial_seed in check_seeds:
         inputs = make_inputs(ns, trial_seed, device, s["inputs"])
+        probe = probe_inputs(inputs, random.SystemRandom())
         with t.no_grad():
             outs = forward_outputs(model, inputs)
+        # A model that writes to its inputs runs on a copy of a timed
+        # call's inputs, which eager beside the candidate reads after it.
+        ref["mutates_inputs"] |= probe_changed(probe, inputs) is not None
+        del probe
         in_bytes = max(in_bytes, sum(x.numel() * x.element_size() + 64 for x in inputs if isinstance(x, t.Tensor)))
         out_bytes = max(out_bytes, sum(o.numel() * o.element_size() + 64 for o in outs))
         if kept == "device" and not refs:
@@ -1301,8 +1404,10 @@ def calibration(records, device):
 def call_times(records, who, cal, device, kinds=("timed",)):
     """Milliseconds of each of `who`'s calls of the given kinds: the span
     from release to `done` less the span of a call that does nothing, plus
-    what the judge's step after it took beyond the reference's."""
+    what the judge's step after it took beyond the reference's and what its
+    step's flushes waited for the GPU."""
     null = cal["null_ms"]
+    between = between_calls(records, cal) if device.type == "cuda" else {}
     out = []
     for r in records:
         if r["who"] != who or r["kind"] not in kinds:
@@ -1310,8 +1415,30 @@ def call_times(records, who, cal, device, kinds=("timed",)):
         t = max(0.0, r["span_ms"] - null)
         if device.type == "cuda":
             t += max(0.0, r["seal_ms"] - cal["seal_ms"])
+            if who == between.get(r["step"], (None, 0.0))[0]:
+                t += between[r["step"]][1]
         out.append(t)
     return out
+
+
+def between_calls(records, cal):
+    """Per step, who is charged with how long the judge's L2 flushes of the
+    step waited for the GPU beyond a flush with no candidate (less
+    FLUSH_SLACK_MS each): work a process left running between its calls
+    delays them. The candidate where one called in the step, else the
+    reference (so that eager alone is timed as candidates are)."""
+    clean = cal.get("flush_ms")
+    if clean is None:
+        return {}
+    steps = {}
+    for r in records:
+        if r.get("flush_ms") is None:
+            continue
+        who, extra = steps.get(r["step"], ("reference", 0.0))
+        if r["who"] == "candidate":
+            who = "candidate"
+        steps[r["step"]] = (who, extra + max(0.0, r["flush_ms"] - clean - FLUSH_SLACK_MS))
+    return steps
 
 
 def timed_steps(ref, s, device, callers, kinds, deadline, on_call=None, checked=(), beside=None):
@@ -1346,6 +1473,10 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
         seed = secret.getrandbits(62)
         g0 = _clock()
         xs, desc = stage.generate(ref["ns"], seed, s["inputs"])
+        probe = probe_inputs(xs, secret) if checked else None
+        if cuda:
+            # Done before the step's flush is timed.
+            t.cuda.current_stream(device).synchronize()
         spent["inputs"] += _clock() - g0
         if step < 2:
             debug(f"step {step} ({kind}): inputs {desc[:200]!r}")
@@ -1356,12 +1487,15 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
             rec = {"who": who, "kind": kind if who != "null" else "null", "step": step, "seed": seed}
             flush_ms = None
             if cuda:
-                a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-                a.record()
+                # Timed on the host, not with events: the judge's events
+                # are stamped while its own context runs, so the wait for a
+                # GPU busy with another process's work would not show.
+                f0 = _clock()
                 flush_l2(device)
+                b = t.cuda.Event()
                 b.record()
                 b.synchronize()
-                flush_ms = a.elapsed_time(b)
+                flush_ms = (_clock() - f0) * 1e3
             c0 = _clock()
             t0, t_done = child.call(from_runner("NULL") if who == "null" else from_runner("CALL"), desc, int(kind == "watched"), deadline)
             error = child.outcome_of_call()
@@ -1375,7 +1509,7 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
             spent["calls"] += t1 - c0
             outs = None
             if step in checked and who == "candidate" and error is None:
-                outs = child.outputs(stage)
+                outs = child.outputs(stage, secret)
                 rec["checked"] = True
             rec.update(span_ms=(t_done - t0) * 1e3, seal_ms=(t1 - t_done) * 1e3, flush_ms=flush_ms)
             if step < 2:
@@ -1384,11 +1518,11 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
                 rec["error"] = error
             records.append(rec)
             k0 = _clock()
-            stop = on_call is not None and who == "candidate" and on_call(rec, child, xs, outs, seed)
+            stop = on_call is not None and who == "candidate" and on_call(rec, child, xs, outs, probe)
             spent["checks"] += _clock() - k0
             if stop or (error is not None and who == "candidate"):
                 return records
-        del xs
+        del xs, probe
     debug(f"{len(kinds)} steps in {_clock() - began:.3f} s: " + ", ".join(f"{k} {v:.3f} s" for k, v in spent.items()))
     return records
 
@@ -1403,7 +1537,9 @@ def prepare(req):
     began = _clock()
     deadline = began + float(req.get("limit_seconds", 600))
     ref = reference_side(req["problem"], req, device, deadline)
+    # The first candidate's runner is up before the first candidate comes.
     start_spare(device)
+    spare_ready(deadline)
     return {"seconds": _clock() - began, "baselines": dict(ref["baselines"]), "refs_kept": ref["refs_kept"], "calibration": ref["calibration"]}
 
 
@@ -1576,7 +1712,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     beside = set(secret.sample(range(len(kinds)), n_beside))
     failure = {}
 
-    def on_call(rec, c, xs, outs, seed):
+    def on_call(rec, c, xs, outs, probe):
         """Whether the timing must stop: a watched call that hid a failure
         or computed with torch in strict mode, or a checked call whose
         outputs differ or that changed its inputs."""
@@ -1590,13 +1726,11 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
                 return True
         if not rec.get("checked"):
             return False
-        pristine = make_inputs(ref["ns"], seed, device, s["inputs"])
-        changed = mutated(pristine, xs)
+        changed = probe_changed(probe, xs)
         if changed is not None:
             failure["verdict"] = dict(outcome, status="incorrect", failed_check="mutation", why=f"the candidate modified input {changed} on a timed call")
             return True
-        check = compare(reference_forward(ref, pristine), outs, *tolerance)
-        del pristine
+        check = compare(reference_forward(ref, snapshot(xs) if ref["mutates_inputs"] else xs), outs, *tolerance)
         if not check["ok"]:
             where = f"call {rec['step'] + 1} of {len(kinds)}, one of {len(checked)} the judge chose at random and compared after it returned"
             failure["verdict"] = dict(outcome, status="incorrect", failed_check="timed_call", why=f"on {where}: {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "scale", "why")})
@@ -1636,6 +1770,8 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         flushes = [r["flush_ms"] for r in records if r.get("flush_ms") is not None]
         busy = median(flushes)
         outcome["integrity"]["flush_ms"] = busy
+        charged = [extra for who, extra in between_calls(records, cal).values() if who == "candidate"]
+        outcome["integrity"]["between_ms"] = sum(charged) / len(charged) if charged else 0.0
         if busy > max(BUSY_RATIO * clean, clean + BUSY_MARGIN_MS):
             outcome.pop("runtime", None)
             outcome.update(status="incorrect", failed_check="work_between_calls", why=f"the GPU was busy with the candidate's work between its calls: the judge's L2 flush took {busy:.3f} ms (median) while its process lived, {clean:.3f} ms with none")

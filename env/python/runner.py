@@ -73,8 +73,9 @@ class Words:
 GO_W, DONE_W = GO // 8, DONE // 8
 KIND_W, WATCH_W, EXIT_W = KIND // 4, WATCH // 4, EXIT_INFO // 4
 
-# Call kinds.
-CALL, NULL, STOP = 1, 2, 3
+# Call kinds. PLAN reads a new inputs' descriptor, before (and outside)
+# the call that uses it.
+CALL, NULL, STOP, PLAN = 1, 2, 3, 4
 # Output statuses.
 OUT_OK, OUT_EXCEPTION = 0, 1
 # Output record kinds.
@@ -647,6 +648,14 @@ class Runner:
             if kind == STOP:
                 q[DONE_W] = go
                 return
+            if kind == PLAN:
+                # A descriptor that does not parse fails the call after it.
+                try:
+                    self.inputs()
+                except Exception:  # noqa: BLE001
+                    pass
+                q[DONE_W] = go
+                continue
             if kind == NULL:
                 try:
                     if self.tiny is not None:

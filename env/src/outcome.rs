@@ -308,6 +308,11 @@ pub struct Integrity {
     /// The judge's L2 flush while the candidate's process lived (median).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush_ms: Option<f64>,
+    /// How long, on average per step, the judge's flushes waited for the
+    /// GPU beyond a flush with no candidate: charged to the candidate's
+    /// call of the step (work it left running between calls), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub between_ms: Option<f64>,
     /// The native evaluator: the seed of the output elements it sampled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_seed: Option<u64>,

@@ -603,3 +603,24 @@ async fn eager_is_timed_beside_the_candidate_and_a_candidate_cannot_slow_it() {
     let o = eval(&mut ev, "problem_slow_relu.py", "honest.py").await;
     assert!(!o.baselines["eager"].paired && o.baselines["eager"].why.is_none());
 }
+
+/// A timed call's output larger than the judge copies whole is compared
+/// at positions drawn after it returned: a candidate wrong on a hundredth
+/// of it is caught there, and an honest one whose output has strides of its
+/// own passes.
+#[tokio::test]
+async fn large_outputs_are_checked_at_positions_drawn_after_the_call() {
+    let Some(python) = torch_python() else { return };
+    let _host = HOST.read().await;
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    ev.settings.protocol.trials = 20;
+    let o = eval(&mut ev, "problem_relu_large.py", "wrong_in_a_corner.py").await;
+    assert_eq!(o.status, Status::Incorrect, "{o:?}");
+    assert_eq!(o.failed_check.as_deref(), Some("timed_call"), "{o:?}");
+    let why = o.why.as_deref().unwrap_or("");
+    assert!(why.contains("values differ beyond tolerance"), "{o:?}");
+    let o = eval(&mut ev, "problem_relu_large.py", "honest_transposed.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    let o = eval(&mut ev, "problem_relu_large.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+}

@@ -207,7 +207,7 @@ fn put_evaluation(
 
 /// The recorded tree that comes with mtmc, relative to the repository's
 /// root: the outcomes `mtmc explore` recorded on an H100 for KernelBench
-/// problems of levels 1, 2 and 3 (docs/planner-history.md says which),
+/// problems of levels 1, 2 and 3 (its `problems` table lists them),
 /// gzipped. Training and comparing on it needs no GPU.
 pub const RECORDED_H100: &str = "planner/data/kernelbench-h100.sqlite.gz";
 

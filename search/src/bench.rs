@@ -38,6 +38,10 @@ use crate::optimize::{ProblemJudge, Target, optimize_problem};
 
 /// What `mtmc bench` was asked to do.
 pub struct Request<'a> {
+    /// The stop a signal asks for, read between items of work: the
+    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
+    /// sets itself.
+    pub stop: crate::interrupt::Interrupt,
     /// `--kernelbench`.
     pub kernelbench: Option<&'a Path>,
     /// Problems by name; empty with `levels` or `all`.
@@ -297,7 +301,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     };
     // From here Ctrl-C stops the run between two variants: the problem in
     // flight is not kept (its folder is written again by the next run).
-    let stop = crate::interrupt::Interrupt::catch().context("catching Ctrl-C")?;
+    let stop = req.stop.clone();
     let mut judge = ProblemJudge::new(gpu, req.timeout, false, req.strict).stopping_on(&stop);
     let mut results = crate::files::open_to_append(&results_path)?;
     let bar = crate::fmt::progress_bar(todo.len() as u64);

@@ -14,11 +14,22 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 pub struct Interrupt(Arc<AtomicBool>);
 
 impl Interrupt {
+    /// A stop no signal sets: [`Interrupt::request`] alone does (a caller
+    /// that handles signals itself, or none).
+    pub fn new() -> Interrupt {
+        Interrupt(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// Asks for a stop, as a first signal would.
+    pub fn request(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
     /// Catches SIGINT and SIGTERM from now until the process ends: the
-    /// first sets the flag, a second exits at once with status 130. Only a
-    /// command that reads [`Interrupt::requested`] until it returns should
-    /// call this, since the signals no longer end the process by
-    /// themselves.
+    /// first sets the flag, a second exits at once with status 130. The
+    /// binary calls this for a command that reads [`Interrupt::requested`]
+    /// until it returns (the library never does: the signals no longer end
+    /// the process by themselves).
     pub fn catch() -> std::io::Result<Interrupt> {
         let flag = Arc::new(AtomicBool::new(false));
         for signal in [SIGINT, SIGTERM] {
@@ -33,6 +44,12 @@ impl Interrupt {
     /// Whether a stop was asked for.
     pub fn requested(&self) -> bool {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Default for Interrupt {
+    fn default() -> Interrupt {
+        Interrupt::new()
     }
 }
 

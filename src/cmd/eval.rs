@@ -428,8 +428,11 @@ fn print_integrity(out: &mut dyn std::io::Write, i: &mtmc_env::outcome::Integrit
         if let Some(beside) = i.eager_beside.filter(|&n| n > 0) {
             write!(out, "; eager beside {beside} of them")?;
         }
-        match i.null_ms {
-            Some(null) => writeln!(out, "; {null:.4} ms a call that does nothing, subtracted")?,
+        if let Some(null) = i.null_ms {
+            write!(out, "; {null:.4} ms a call that does nothing, subtracted")?;
+        }
+        match i.between_ms.filter(|&b| b > 0.0) {
+            Some(b) => writeln!(out, "; {b:.4} ms per call of GPU work between calls, added")?,
             None => writeln!(out)?,
         }
     }

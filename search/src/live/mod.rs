@@ -46,6 +46,10 @@ use side_by_side::{SIDE_BY_SIDE, judge_left, side_by_side};
 
 /// What `mtmc compare --live` was asked to do.
 pub struct LiveRequest<'a> {
+    /// The stop a signal asks for, read between rounds of judging (never set with `table_only`): the
+    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
+    /// sets itself.
+    pub stop: crate::interrupt::Interrupt,
     /// `--kernelbench`.
     pub kernelbench: Option<&'a Path>,
     /// The store whose recorded tree chooses the problems and gives the
@@ -257,10 +261,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     // Ctrl-C stops between rounds of judging: the episode or the problem
     // judged side by side in flight is not kept, and the table covers what
     // was finished.
-    let stop = match req.table_only {
-        true => None,
-        false => Some(Interrupt::catch().context("catching Ctrl-C")?),
-    };
+    let stop = Some(req.stop.clone());
     let requested = || stop.as_ref().is_some_and(Interrupt::requested);
     // Where a signal stopped the pass.
     let mut stopped: Option<String> = None;

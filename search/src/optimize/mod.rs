@@ -26,7 +26,7 @@ use mtmc_env::nvrtc::Arch;
 use mtmc_env::outcome::Outcome;
 use mtmc_env::worker::Protocol;
 
-use crate::interrupt::{Interrupt, Interrupted};
+use crate::interrupt::Interrupted;
 use crate::steps::Found;
 use crate::subject::Subject;
 
@@ -64,6 +64,10 @@ impl Target {
 
 /// What `mtmc optimize` was asked to do.
 pub struct Request<'a> {
+    /// The stop a signal asks for, read between items of work: the
+    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
+    /// sets itself.
+    pub stop: crate::interrupt::Interrupt,
     /// The problem or intent.
     pub subject: Subject<'a>,
     /// Where the generated code and report go.
@@ -128,7 +132,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     // Ctrl-C stops the search between variants (the template coder's) or
     // steps (the LLM coder's): the best program so far is written, the
     // one in flight is not kept.
-    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let stop = req.stop.clone();
     let stopped = || stop.requested();
     match &req.subject {
         Subject::Intent { text, bindings, .. } => {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use mtmc_planner::store::Store;
 
 use super::choice::Choice;
@@ -13,11 +13,15 @@ use super::enumerate::{BEYOND, Beyond, Recording, enumerate_problem, extend_prob
 use super::episode::{Gpus, PlanSettings, plan_problem};
 use super::rejudge::chosen;
 use super::split::Split;
-use crate::interrupt::{Interrupt, Interrupted};
+use crate::interrupt::Interrupted;
 use crate::optimize::ProblemJudge;
 
 /// What `mtmc explore` was asked to do.
 pub struct ExploreRequest<'a> {
+    /// The stop a signal asks for, read between items of work: the
+    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
+    /// sets itself.
+    pub stop: crate::interrupt::Interrupt,
     /// `--kernelbench`.
     pub kernelbench: Option<&'a Path>,
     /// Problems by name.
@@ -113,7 +117,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     let gpu = gpus.any();
     // Ctrl-C stops between rounds: every step finished is kept, the
     // episode in flight is left unfinished (run again to resume).
-    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let stop = req.stop.clone();
     let mut judge =
         ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false).stopping_on(&stop);
     let name = if req.beyond.kinds.is_empty() {

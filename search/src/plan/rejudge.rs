@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use indicatif::ProgressBar;
 use mtmc_actions::graph::OpGraph;
 use mtmc_planner::space::{Config, Move};
@@ -14,7 +14,7 @@ use super::enumerate::recorded_walk;
 use super::episode::Gpus;
 use super::judging::{Judging, Reuse, Round, failed_running, reusable};
 use super::split::Split;
-use crate::interrupt::{Interrupt, Interrupted};
+use crate::interrupt::Interrupted;
 use crate::optimize::ProblemJudge;
 
 /// What [`rejudge_problem`] found on one problem.
@@ -203,6 +203,10 @@ pub(super) fn chosen<'p>(
 
 /// What `mtmc rejudge` was asked to do.
 pub struct RejudgeRequest<'a> {
+    /// The stop a signal asks for, read between items of work: the
+    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
+    /// sets itself.
+    pub stop: crate::interrupt::Interrupt,
     /// `--kernelbench`.
     pub kernelbench: Option<&'a Path>,
     /// Problems by name.
@@ -263,7 +267,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     };
     // Ctrl-C stops between rounds: the line of the problem it stopped on is
     // written, and what was judged is kept.
-    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let stop = req.stop.clone();
     writeln!(
         out,
         "rejudge: {} problem(s) with recorded programs in {}; {}",

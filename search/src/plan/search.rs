@@ -9,11 +9,15 @@ use mtmc_planner::store::Store;
 
 use super::choice::Choice;
 use super::episode::{Gpus, PlanSettings, plan_problem};
-use crate::interrupt::{Interrupt, Interrupted};
+use crate::interrupt::Interrupted;
 use crate::optimize::ProblemJudge;
 
 /// What `mtmc optimize --planner` was asked to do.
 pub struct OptimizeRequest<'a> {
+    /// The stop a signal asks for, read between items of work: the
+    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
+    /// sets itself.
+    pub stop: crate::interrupt::Interrupt,
     /// `--kernelbench`.
     pub kernelbench: Option<&'a Path>,
     /// The problem.
@@ -90,7 +94,7 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
     }
     // Ctrl-C stops the search between rounds: the best program so far is
     // written, the round in flight is not kept.
-    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let stop = req.stop.clone();
     let mut judge = ProblemJudge::new(gpu, req.timeout, true, false).stopping_on(&stop);
     let mut loaded = req.planner.load(req.seed)?.policy_stops(req.policy_stops);
     let mut store = req.store.map(Store::open).transpose()?;

@@ -15,7 +15,7 @@ use mtmc_planner::store::Store;
 use mtmc_planner::tree::{self, TreeProblem};
 
 use super::split::{Split, held_out};
-use crate::interrupt::{Interrupt, Interrupted};
+use crate::interrupt::Interrupted;
 
 /// A warning when programs recorded for `problems` were compiled only
 /// (recorded where no GPU was found, so nothing timed them): how many, and
@@ -45,6 +45,10 @@ pub(super) fn compiled_only_warning(
 
 /// What `mtmc train` was asked to do.
 pub struct TrainRequest<'a> {
+    /// The stop a signal asks for, read between items of work: the
+    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
+    /// sets itself.
+    pub stop: crate::interrupt::Interrupt,
     /// The store.
     pub store: &'a Path,
     /// The checkpoint folder.
@@ -125,7 +129,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
     let transitions: usize = train.iter().map(|p| p.evals.len()).sum();
     // Ctrl-C stops training after the iteration in flight, its checkpoint
     // and curves written: `--resume` continues it exactly.
-    let stop = Interrupt::catch().context("catching Ctrl-C")?;
+    let stop = req.stop.clone();
     writeln!(
         out,
         "train: {} training problem(s) ({} recorded programs{}), {} held out{}; {} iteration(s) of {} episodes on the {}, discount {}{}{}",
