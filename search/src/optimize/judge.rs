@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use mtmc_actions::device::find_device;
+use mtmc_actions::device::{DeviceSpec, builtin_devices, find_device};
 use mtmc_actions::graph::OpGraph;
 use mtmc_coder::program::Program;
 use mtmc_env::evaluator::{Candidate, ProblemSource, WorkerSettings};
@@ -31,6 +31,35 @@ pub struct ProblemJudge {
     /// (a planner's) or variants (the template coder's) and keep nothing
     /// of the one it came during.
     stop: Option<Interrupt>,
+    /// The GPU it judges on ([`run_spec`]): what the planner's features,
+    /// the critique's bound and the early stop read.
+    pub(crate) spec: DeviceSpec,
+}
+
+/// The spec of the GPU this run judges on: GPU 0's built-in table entry,
+/// by the driver's name for it. Where there is no GPU (programs are only
+/// compiled; the shipped tree is the H100's) or the table has no entry for
+/// it, the H100's, with a line on stderr for the second.
+pub fn run_spec() -> DeviceSpec {
+    let specs = builtin_devices();
+    let h100 = || {
+        find_device(&specs, "H100")
+            .cloned()
+            .unwrap_or_else(|| specs[0].clone())
+    };
+    match mtmc_env::probe::driver() {
+        Ok(d) => match d.gpus.first() {
+            Some(g) => find_device(&specs, &g.name).cloned().unwrap_or_else(|| {
+                eprintln!(
+                    "mtmc: no built-in spec for the GPU `{}`: the planner reads the H100's",
+                    g.name
+                );
+                h100()
+            }),
+            None => h100(),
+        },
+        Err(_) => h100(),
+    }
 }
 
 impl ProblemJudge {
@@ -75,7 +104,15 @@ impl ProblemJudge {
                 .expect("a current-thread runtime starts"),
             pool: WorkerPool::new(&gpus, &settings),
             stop: None,
+            spec: run_spec(),
         }
+    }
+
+    /// The judge, reading `spec` as the GPU it judges on (where a run
+    /// names one, and in tests).
+    pub fn on_spec(mut self, spec: DeviceSpec) -> ProblemJudge {
+        self.spec = spec;
+        self
     }
 
     /// The judge, stopping the searches it judges for on `stop`.

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use mtmc_actions::device::{builtin_devices, find_device};
+use mtmc_actions::device::builtin_devices;
 use mtmc_actions::graph::OpGraph;
 use mtmc_coder::MicroCoder;
 use mtmc_coder::action::{Action, ActionKind, Params};
@@ -47,9 +47,17 @@ pub fn optimize_problem_llm(
         }
     )?;
     let stopped = judge.stop_flag();
-    let mut found = llm_search(out, g, &regions, llm, false, &stopped, |program, label| {
-        judge_program(judge, &problem, g, &p.code, program, label, &specs)
-    })?;
+    let spec = judge.spec.clone();
+    let mut found = llm_search(
+        out,
+        g,
+        &regions,
+        llm,
+        false,
+        &spec,
+        &stopped,
+        |program, label| judge_program(judge, &problem, g, &p.code, program, label, &specs),
+    )?;
     if found.best.is_none() && !found.interrupted {
         // No kernel program was correct: every op a torch call.
         let o = judge_program(
@@ -114,11 +122,12 @@ pub(super) fn llm_search(
     regions: &[Vec<u32>],
     llm: &LlmRun,
     whole: bool,
+    spec: &mtmc_actions::device::DeviceSpec,
     stopped: &dyn Fn() -> bool,
     judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
     let coder = LlmCoder::new(llm.client.clone());
-    let mut planner = LlmPlanner::new(g, regions, llm, whole, &coder);
+    let mut planner = LlmPlanner::new(g, regions, llm, whole, spec, &coder);
     steps::run(out, &mut planner, stopped, judge)
 }
 
@@ -131,7 +140,7 @@ struct LlmPlanner<'a> {
     llm: &'a LlmRun,
     whole: bool,
     session: Session<'a, &'a LlmCoder>,
-    /// What bounds the problem on the H100 (the diagnosis reads it).
+    /// What bounds the problem on the run's GPU (the diagnosis reads it).
     bound: mtmc_actions::device::Bound,
     /// The region being written, its action and the repairs left.
     region: usize,
@@ -148,12 +157,11 @@ impl<'a> LlmPlanner<'a> {
         regions: &'a [Vec<u32>],
         llm: &'a LlmRun,
         whole: bool,
+        spec: &mtmc_actions::device::DeviceSpec,
         coder: &'a LlmCoder,
     ) -> LlmPlanner<'a> {
         // The planner's structured diagnosis goes to the coder with the
         // critique.
-        let specs = builtin_devices();
-        let spec = find_device(&specs, "H100").unwrap_or(&specs[0]);
         let bound = mtmc_planner::features::Problem::new("", g, regions.len(), spec).bound();
         let mut planner = LlmPlanner {
             g,

@@ -189,7 +189,16 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 Ok(o)
             };
             let found = match llm {
-                Some(l) => llm_search(out, &g, &regions, l, true, &stopped, judge)?,
+                Some(l) => llm_search(
+                    out,
+                    &g,
+                    &regions,
+                    l,
+                    true,
+                    &judge::run_spec(),
+                    &stopped,
+                    judge,
+                )?,
                 None => search(
                     out,
                     &g,

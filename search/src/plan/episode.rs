@@ -14,7 +14,7 @@ use mtmc_planner::store::{StepRecord, Store, Taken, now};
 
 use super::choice::Loaded;
 use super::counted;
-use super::judging::{Judging, Reuse, Round, build_config, fragments, h100, rewritten_of};
+use super::judging::{Judging, Reuse, Round, build_config, fragments, rewritten_of};
 use super::split::Split;
 use crate::optimize::{ProblemJudge, conclude, problem_source, write_model_new};
 
@@ -53,15 +53,14 @@ pub struct PlanSettings {
 /// reference's ran on TF32 this rescales more than it should, so the
 /// search stops later, never earlier. 1 where no product bounds the
 /// time.
-fn split_tf32_scale(g: &OpGraph) -> f64 {
+fn split_tf32_scale(g: &OpGraph, spec: &mtmc_actions::device::DeviceSpec) -> f64 {
     use mtmc_actions::device::{MathMode, roofline};
-    let spec = h100();
-    let problem = roofline(g, &spec, MathMode::default()).time_s;
+    let problem = roofline(g, spec, MathMode::default()).time_s;
     let split = MathMode {
         split_tf32: true,
         ..MathMode::default()
     };
-    let bound = roofline(g, &spec, split).time_s;
+    let bound = roofline(g, spec, split).time_s;
     if problem > 0.0 && bound > 0.0 {
         (bound / problem).min(1.0)
     } else {
@@ -172,7 +171,7 @@ pub fn plan_problem(
         None => None,
     };
     let reward = Reward::default();
-    let stop_scale = split_tf32_scale(g);
+    let stop_scale = split_tf32_scale(g, &j.judge.spec);
     let mut e = Episode::new(problem.shape, settings.budget);
     let mut bests = Vec::new();
     writeln!(
@@ -511,8 +510,33 @@ mod tests {
             name: "76_Gemm_Add_ReLU".into(),
             code: "class Model: pass\n".into(),
         };
-        let judge = ProblemJudge::with_baselines(false, Duration::from_secs(5), true, &[], false);
+        let specs = builtin_devices();
+        let h100 = find_device(&specs, "H100").unwrap().clone();
+        let judge = ProblemJudge::with_baselines(false, Duration::from_secs(5), true, &[], false)
+            .on_spec(h100);
         (g, p, judge)
+    }
+
+    /// The planner's view of a problem is computed for the GPU the judge
+    /// judges on: L2/76 under the H100's spec and under the H200's, each
+    /// the features that spec gives.
+    #[test]
+    fn the_planner_reads_the_spec_of_the_gpu_it_judges_on() {
+        let (g, p, _) = l2_76();
+        let specs = builtin_devices();
+        let mut seen = Vec::new();
+        for name in ["H100", "H200"] {
+            let spec = find_device(&specs, name).unwrap().clone();
+            let mut judge =
+                ProblemJudge::with_baselines(false, Duration::from_secs(5), true, &[], false)
+                    .on_spec(spec.clone());
+            let j = Judging::new(&p, &g, &mut judge).unwrap();
+            let own = PlanProblem::new(&p.full_name(), &g, j.regions.len(), &spec);
+            assert_eq!(j.problem.features, own.features, "{name}");
+            assert_eq!(j.problem.memory_bound, own.memory_bound, "{name}");
+            seen.push(judge.spec.name.clone());
+        }
+        assert_eq!(seen, ["H100", "H200"]);
     }
 
     /// An episode of L2/76 recorded by hand, as a live pass records it:
@@ -647,15 +671,23 @@ mod tests {
         // A large fp32 GEMM is compute-bound: the split-TF32 rate (164.9
         // TFLOP/s against 66.9) shortens its bound, so a program at 94 %
         // of the problem's roofline is at 38 % of this one.
-        let gemm = split_tf32_scale(&graph("y = relu(x @ w)", "x=4096x4096,w=4096x4096"));
+        let specs = builtin_devices();
+        let h100 = find_device(&specs, "H100").unwrap();
+        let gemm = split_tf32_scale(&graph("y = relu(x @ w)", "x=4096x4096,w=4096x4096"), h100);
         assert!((gemm - 66.9 / (494.7 / 3.0)).abs() < 1e-3, "{gemm}");
         assert!(0.94 * gemm < 0.9);
         // Memory-bound work keeps its fraction.
-        let pointwise = split_tf32_scale(&graph("y = relu(x) * 2.0", "x=4096x4096"));
+        let pointwise = split_tf32_scale(&graph("y = relu(x) * 2.0", "x=4096x4096"), h100);
         assert_eq!(pointwise, 1.0);
         // A small product is memory-bound under both rates.
-        let small = split_tf32_scale(&graph("y = x @ w", "x=4096x8,w=8x8"));
+        let small = split_tf32_scale(&graph("y = x @ w", "x=4096x8,w=8x8"), h100);
         assert_eq!(small, 1.0);
+        // The scale is the GPU's own: the H200's FLOP rates are the
+        // H100's, so a compute-bound product scales alike.
+        let h200 = find_device(&specs, "H200").unwrap();
+        let gemm_h200 =
+            split_tf32_scale(&graph("y = relu(x @ w)", "x=4096x4096,w=4096x4096"), h200);
+        assert!((gemm_h200 - gemm).abs() < 1e-9, "{gemm_h200}");
     }
 
     #[test]

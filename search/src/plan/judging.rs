@@ -2,7 +2,7 @@
 //! it, a round of candidates at a time, with recorded outcomes reused.
 
 use anyhow::Result;
-use mtmc_actions::device::{builtin_devices, find_device};
+use mtmc_actions::device::builtin_devices;
 use mtmc_actions::graph::OpGraph;
 use mtmc_coder::action::Params;
 use mtmc_coder::program::Program;
@@ -65,14 +65,6 @@ pub(super) fn failed_running(recorded: &Diagnosis) -> bool {
 enum Known {
     Recorded(Diagnosis),
     Built(Result<Program, mtmc_coder::session::Failure>),
-}
-
-/// The H100's spec, which the planner's graph features are computed for.
-pub(super) fn h100() -> mtmc_actions::device::DeviceSpec {
-    let specs = builtin_devices();
-    find_device(&specs, "H100")
-        .cloned()
-        .unwrap_or_else(|| specs[0].clone())
 }
 
 /// Builds configuration `c` of graph `g` cut into `regions`.
@@ -252,7 +244,7 @@ impl<'a> Judging<'a> {
                 });
             rewritten.push(next);
         }
-        let mut problem = PlanProblem::new(&p.full_name(), g, traced.len(), &h100());
+        let mut problem = PlanProblem::new(&p.full_name(), g, traced.len(), &judge.spec);
         problem.shape.products = g.nodes().any(|(_, n)| product(&n.op));
         for (slot, r) in problem.shape.rewritten.iter_mut().zip(&rewritten) {
             *slot = r.as_ref().and_then(|r| u16::try_from(r.regions.len()).ok());
