@@ -267,15 +267,7 @@ def compare(refs, outs, atol, rtol, min_scale_ratio):
         return {"ok": False, "why": f"the candidate returned {len(outs)} output(s), the reference {len(refs)}"}
     total = {"max_abs_err": 0.0, "scale": 0.0}
     for k, (ref, out) in enumerate(zip(refs, outs)):
-        if isinstance(out, Sampled):
-            if out.shape != list(ref.shape):
-                one = {"ok": False, "why": f"shape {out.shape} differs from the reference's {list(ref.shape)}"}
-            elif out.dtype != ref.dtype:
-                one = {"ok": False, "why": f"dtype {out.dtype} differs from the reference's {ref.dtype}"}
-            else:
-                one = compare_one(t, take_flat(ref.detach(), out.picks.to(ref.device)), out.values, atol, rtol, min_scale_ratio, shape=out.shape, picks=out.picks)
-        else:
-            one = {"ok": False, "why": out} if isinstance(out, str) else compare_one(t, ref, out, atol, rtol, min_scale_ratio)
+        one = {"ok": False, "why": out} if isinstance(out, str) else compare_one(t, ref, out, atol, rtol, min_scale_ratio)
         if len(refs) > 1 and "why" in one:
             one["why"] = f"output {k}: {one['why']}"
         if not one["ok"]:
@@ -288,9 +280,9 @@ def compare(refs, outs, atol, rtol, min_scale_ratio):
     return total
 
 
-def compare_one(t, ref, out, atol, rtol, min_scale_ratio, shape=None, picks=None):
-    """One output against the reference's; `ref` and `out` may be the
-    elements of tensors of `shape` at flat positions `picks`."""
+def compare_one(t, ref, out, atol, rtol, min_scale_ratio):
+    """One output against the reference's; `out` may be `Sampled`, and is
+    then compared with the reference's elements at its positions."""
     # KernelBench's tolerance for half-precision outputs.
     if ref.dtype in (t.float16, t.bfloat16):
         atol, rtol = max(atol, 1e-2), max(rtol, 1e-2)
@@ -298,6 +290,10 @@ def compare_one(t, ref, out, atol, rtol, min_scale_ratio, shape=None, picks=None
         return {"ok": False, "why": f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}"}
     if out.dtype != ref.dtype:
         return {"ok": False, "why": f"dtype {out.dtype} differs from the reference's {ref.dtype}"}
+    shape, picks = list(ref.shape), None
+    if isinstance(out, Sampled):
+        picks = out.picks
+        ref, out = take_flat(ref.detach(), picks.to(ref.device)), out.values
     # |out - ref| <= atol + rtol * |ref| in the outputs' own dtype, as
     # torch.allclose does, in chunks so that multi-GB outputs need little
     # extra memory; one device sync per output, not per chunk. The first
@@ -332,7 +328,7 @@ def compare_one(t, ref, out, atol, rtol, min_scale_ratio, shape=None, picks=None
             if bool(bad.any()):
                 k = int(bad.nonzero()[0])
                 flat = begin + k if picks is None else int(picks[begin + k])
-                index = list(reversed([int(i) for i in _unravel(flat, list(ref.shape) if shape is None else shape)]))
+                index = list(reversed([int(i) for i in _unravel(flat, shape)]))
                 max_abs = max_abs if math.isfinite(max_abs) else math.inf
                 return {"ok": False, "why": "values differ beyond tolerance", "first_bad_index": index, "expected": float(r[k]), "got": float(o[k]), "max_abs_err": max_abs, "scale": scale, "rel_to_scale": max_abs / scale if scale > 0 else None}
         if not math.isfinite(max_abs):
@@ -927,10 +923,11 @@ class Child(Channel):
         if offset % esize:
             raise ValueError("a misaligned output")
         raw = device_bytes(ptr, size - size % esize).view(dtype)
-        # The whole strided view must lie in the allocation.
-        t.as_strided(raw, shape, stride, offset // esize)
+        # The whole strided view must lie in the allocation (as_strided
+        # checks it).
+        view = t.as_strided(raw, shape, stride, offset // esize)
         if picks is None:
-            return t.as_strided(raw, shape, stride, offset // esize).clone()
+            return view.clone()
         return Sampled(shape, dtype, picks, take_flat(raw, picks, shape, stride, offset // esize))
 
     def kill(self):
@@ -1474,8 +1471,9 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
         g0 = _clock()
         xs, desc = stage.generate(ref["ns"], seed, s["inputs"])
         probe = probe_inputs(xs, secret) if checked else None
-        if cuda:
-            # Done before the step's flush is timed.
+        if cuda and probe is not None:
+            # Done before the step's flush is timed (`generate` synced the
+            # draw itself).
             t.cuda.current_stream(device).synchronize()
         spent["inputs"] += _clock() - g0
         if step < 2:

@@ -27,7 +27,7 @@ use anyhow::{Context, Result, bail};
 use mtmc_planner::store::{RECORDED_H100, Store};
 use mtmc_planner::tree::{self, TreeProblem};
 
-use crate::interrupt::{Interrupt, Interrupted};
+use crate::interrupt::Interrupted;
 use crate::optimize::ProblemJudge;
 use crate::plan::{
     NEAR, PlanSettings, PlannerResult, Split, compared, counted, exhaustive_row, geomean,
@@ -46,9 +46,9 @@ use side_by_side::{SIDE_BY_SIDE, judge_left, side_by_side};
 
 /// What `mtmc compare --live` was asked to do.
 pub struct LiveRequest<'a> {
-    /// The stop a signal asks for, read between rounds of judging (never set with `table_only`): the
-    /// binary's [`Interrupt::catch`], or an [`Interrupt::new`] a caller
-    /// sets itself.
+    /// The stop a signal asks for, read between rounds of judging (never
+    /// set with `table_only`): the binary's [`Interrupt::catch`], or an
+    /// [`Interrupt::new`] a caller sets itself.
     pub stop: crate::interrupt::Interrupt,
     /// `--kernelbench`.
     pub kernelbench: Option<&'a Path>,
@@ -261,8 +261,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
     // Ctrl-C stops between rounds of judging: the episode or the problem
     // judged side by side in flight is not kept, and the table covers what
     // was finished.
-    let stop = Some(req.stop.clone());
-    let requested = || stop.as_ref().is_some_and(Interrupt::requested);
+    let stop = req.stop.clone();
+    let requested = || stop.requested();
     // Where a signal stopped the pass.
     let mut stopped: Option<String> = None;
     if req.table_only {
@@ -303,10 +303,8 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
         if let Some(gpus) = &gpus {
             gpus.claim(out, &steps)?;
         }
-        let mut judge = ProblemJudge::with_baselines(timed, req.timeout, true, &["eager"], false);
-        if let Some(s) = &stop {
-            judge = judge.stopping_on(s);
-        }
+        let mut judge = ProblemJudge::with_baselines(timed, req.timeout, true, &["eager"], false)
+            .stopping_on(&stop);
         let needed: Vec<usize> = work
             .iter()
             .map(|w| w.0)
@@ -431,7 +429,7 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
                 req.side_by_side,
                 req.timeout,
                 &mut judged,
-                stop.as_ref(),
+                Some(&stop),
             )?;
         } else {
             writeln!(

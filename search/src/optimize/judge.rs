@@ -31,34 +31,32 @@ pub struct ProblemJudge {
     /// (a planner's) or variants (the template coder's) and keep nothing
     /// of the one it came during.
     stop: Option<Interrupt>,
-    /// The GPU it judges on ([`run_spec`]): what the planner's features,
+    /// The GPU it judges on ([`spec_of`]): what the planner's features,
     /// the critique's bound and the early stop read.
     pub(crate) spec: DeviceSpec,
 }
 
-/// The spec of the GPU this run judges on: GPU 0's built-in table entry,
-/// by the driver's name for it. Where there is no GPU (programs are only
-/// compiled; the shipped tree is the H100's) or the table has no entry for
-/// it, the H100's, with a line on stderr for the second.
-pub fn run_spec() -> DeviceSpec {
+/// The spec of the GPU a run judges on, from the driver it probed (`None`:
+/// none answered): GPU 0's built-in table entry, by the driver's name for
+/// it. Where there is no GPU (programs are only compiled; the shipped tree
+/// is the H100's) or the table has no entry for it, the H100's, with a line
+/// on stderr for the second.
+pub(crate) fn spec_of(driver: Option<&mtmc_env::probe::Driver>) -> DeviceSpec {
     let specs = builtin_devices();
     let h100 = || {
         find_device(&specs, "H100")
             .cloned()
             .unwrap_or_else(|| specs[0].clone())
     };
-    match mtmc_env::probe::driver() {
-        Ok(d) => match d.gpus.first() {
-            Some(g) => find_device(&specs, &g.name).cloned().unwrap_or_else(|| {
-                eprintln!(
-                    "mtmc: no built-in spec for the GPU `{}`: the planner reads the H100's",
-                    g.name
-                );
-                h100()
-            }),
-            None => h100(),
-        },
-        Err(_) => h100(),
+    match driver.and_then(|d| d.gpus.first()) {
+        Some(g) => find_device(&specs, &g.name).cloned().unwrap_or_else(|| {
+            eprintln!(
+                "mtmc: no built-in spec for the GPU `{}`: the planner reads the H100's",
+                g.name
+            );
+            h100()
+        }),
+        None => h100(),
     }
 }
 
@@ -91,8 +89,9 @@ impl ProblemJudge {
         };
         // One worker per GPU when there are several; otherwise one worker
         // that sees what the machine has.
-        let gpus = match mtmc_env::probe::driver() {
-            Ok(d) if gpu && d.gpus.len() > 1 => (0..d.gpus.len() as u32).collect(),
+        let driver = mtmc_env::probe::driver().ok();
+        let gpus = match &driver {
+            Some(d) if gpu && d.gpus.len() > 1 => (0..d.gpus.len() as u32).collect(),
             _ => Vec::new(),
         };
         ProblemJudge {
@@ -104,7 +103,7 @@ impl ProblemJudge {
                 .expect("a current-thread runtime starts"),
             pool: WorkerPool::new(&gpus, &settings),
             stop: None,
-            spec: run_spec(),
+            spec: spec_of(driver.as_ref()),
         }
     }
 

@@ -116,7 +116,8 @@ pub enum Critic {
 
 /// Runs the search and writes the best program.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
-    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let driver = mtmc_env::probe::driver().ok();
+    let gpu = driver.as_ref().is_some_and(|d| !d.gpus.is_empty());
     let how = |on_gpu: &'static str| {
         if gpu {
             on_gpu
@@ -195,7 +196,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                     &regions,
                     l,
                     true,
-                    &judge::run_spec(),
+                    &judge::spec_of(driver.as_ref()),
                     &stopped,
                     judge,
                 )?,
