@@ -96,11 +96,13 @@ BESIDE_SHARE, MIN_BESIDE = 0.3, 30
 # Beside the candidate eager may take at most this much longer than alone,
 # or its time alone is the baseline.
 PAIRED_SLOWER_AT_MOST = 1.05
-# The judge's L2 flush between calls may take at most this much longer while
-# a candidate's process lives than with none (and at least BUSY_MARGIN_MS):
-# a flush that takes longer shares the GPU with work of the candidate's that
-# runs between its calls.
-BUSY_RATIO, BUSY_MARGIN_MS = 1.5, 0.05
+# The judge's L2 flush right after a candidate's call may take at most this
+# much longer than one right after a call that does nothing, in the same
+# steps (and at least BUSY_MARGIN_MS more): a flush that takes longer shares
+# the GPU with work the candidate left running. Where fewer than MIN_AFTER
+# of either were timed (eager not beside), every flush while the
+# candidate's process lived is compared with one with none.
+BUSY_RATIO, BUSY_MARGIN_MS, MIN_AFTER = 1.5, 0.05, 8
 # What a flush timed on the host may take beyond its median with no
 # candidate before the rest is charged to the step's candidate (host noise).
 FLUSH_SLACK_MS = 0.02
@@ -215,16 +217,95 @@ def set_seed(seed):
         t.cuda.manual_seed(seed)
 
 
-def make_inputs(ns, seed, device, mode):
-    """The problem's `get_inputs()` under `seed`, on `device`."""
+def make_inputs(ns, seed, device, mode, recipes=None):
+    """The problem's `get_inputs()` under `seed`, on `device`. Where
+    `recipes` (a list) is given, it gets one entry per input: how to draw
+    that input again in place (`redraw`), or None where the input is not
+    the untouched result of one of torch's random factories."""
     t = torch()
     set_seed(seed)
-    if mode == "device" and device.type == "cuda":
-        with t.device(device):
+    recorder = FactoryRecorder() if recipes is not None else None
+    with recorder if recorder is not None else _nothing():
+        if mode == "device" and device.type == "cuda":
+            with t.device(device):
+                xs = ns["get_inputs"]()
+        else:
             xs = ns["get_inputs"]()
-    else:
-        xs = ns["get_inputs"]()
+    if recorder is not None:
+        recipes.extend(recorder.recipe(x) for x in xs)
     return [x.to(device) if isinstance(x, t.Tensor) else x for x in xs]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+
+# torch's random factories, and the in-place draw of the same distribution.
+RANDOM_FACTORIES = {
+    "rand": "uniform", "rand_like": "uniform",
+    "randn": "normal", "randn_like": "normal",
+    "randint": "integers", "randint_like": "integers",
+}
+
+
+def FactoryRecorder():
+    """A torch function mode that notes what each of torch's random
+    factories returned during `get_inputs()` (weakly: intermediates still
+    die when the problem drops them)."""
+    import weakref
+
+    from torch.overrides import TorchFunctionMode
+
+    class Recorder(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.made = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            kind = RANDOM_FACTORIES.get(getattr(func, "__name__", ""))
+            if kind is not None and isinstance(out, torch().Tensor) and kwargs.get("out") is None:
+                bounds = integer_bounds(func.__name__, args, kwargs) if kind == "integers" else None
+                if kind != "integers" or bounds is not None:
+                    self.made.append((weakref.ref(out), out._version, kind, bounds))
+            return out
+
+        def recipe(self, x):
+            for ref, version, kind, bounds in self.made:
+                if ref() is x and x._version == version:
+                    return (kind, bounds)
+            return None
+
+    return Recorder()
+
+
+def integer_bounds(name, args, kwargs):
+    """`(low, high)` of a `randint` or `randint_like` call, or None where
+    they cannot be read."""
+    rest = list(args[1:] if name == "randint_like" else args)
+    nums = [a for a in rest if isinstance(a, int) and not isinstance(a, bool)]
+    low, high = (0, nums[0]) if len(nums) == 1 else (nums[0], nums[1]) if len(nums) >= 2 else (None, None)
+    low, high = kwargs.get("low", low if low is not None else 0), kwargs.get("high", high)
+    if not isinstance(low, int) or not isinstance(high, int) or high <= low:
+        return None
+    return (low, high)
+
+
+def redraw(x, recipe):
+    """Draws `x` again in place from the distribution its factory drew it
+    from."""
+    kind, bounds = recipe
+    if kind == "uniform":
+        x.uniform_(0.0, 1.0)
+    elif kind == "normal":
+        x.normal_(0.0, 1.0)
+    else:
+        x.random_(*bounds)
 
 
 def normal_inputs(xs, seed):
@@ -423,6 +504,16 @@ def mutated(before, after):
     return None
 
 
+def overlaps_itself(x):
+    """Whether two elements of `x` may share memory (an expanded input)."""
+    t = torch()
+    check = getattr(t, "_debug_has_internal_overlap", None)
+    if check is not None:
+        return check(x) != 0
+    extent = 1 + sum((d - 1) * abs(st) for d, st in zip(x.shape, x.stride()))
+    return any(st == 0 and d > 1 for d, st in zip(x.shape, x.stride())) or extent < x.numel()
+
+
 def flush_l2(device):
     """Writes 256 MB so that no call starts with data in L2."""
     t = torch()
@@ -464,9 +555,14 @@ class Stage:
         t = torch()
         self.device = device
         self.exported = {}
+        # How each input is drawn again in place (None until the first
+        # draw; a None in it where some input cannot be), and the last draw.
+        self.recipes = None
+        self.last = self.last_desc = None
         if device.type == "cuda":
             self.pool = t.cuda.MemPool()
             self.segments = {}
+            self.slots = {}
         else:
             self.nbytes = max(1 << 20, nbytes)
             self.fd = os.memfd_create("mtmc-inputs")
@@ -474,24 +570,50 @@ class Stage:
             self.map = mmap.mmap(self.fd, self.nbytes)
             self.raw = t.frombuffer(self.map, dtype=t.uint8)
 
-    def generate(self, ns, seed, mode, normal_seed=None):
+    def generate(self, ns, seed, mode, normal_seed=None, fresh=False):
         """Inputs of `get_inputs()` under `seed` in the shared memory, and
-        their descriptor for the runners."""
+        their descriptor for the runners. With `fresh` (a timed call's
+        inputs: new values from the same distribution, not KernelBench's
+        values for a seed) and every input the untouched result of one of
+        torch's random factories, the kept inputs are drawn again in place:
+        one write of the inputs instead of a draw and a copy."""
         t = torch()
-        if self.device.type == "cuda":
+        cuda = self.device.type == "cuda"
+        if fresh and self.recipes and None not in self.recipes and self.last is not None:
+            set_seed(seed)
+            for x, recipe in zip(self.last, self.recipes):
+                if recipe[0] != "kept":
+                    redraw(x, recipe)
+            if cuda:
+                t.cuda.current_stream(self.device).synchronize()
+            return list(self.last), self.last_desc
+        recipes = [] if self.recipes is None else None
+        if cuda:
             with t.cuda.use_mem_pool(self.pool):
-                xs = make_inputs(ns, seed, self.device, mode)
+                xs = make_inputs(ns, seed, self.device, mode, recipes)
                 if normal_seed is not None:
                     normal_inputs(xs, normal_seed)
-                xs = [self.in_pool(x) for x in xs]
+                xs, placed = self.into_slots(xs)
             # Another process reads them as soon as it is told to: the
             # judge's stream must have written them by then (the memory is
             # the last inputs', back in the pool).
             t.cuda.current_stream(self.device).synchronize()
-            return xs, self.describe(xs)
-        xs = make_inputs(ns, seed, self.device, mode)
-        if normal_seed is not None:
-            normal_inputs(xs, normal_seed)
+        else:
+            xs = make_inputs(ns, seed, self.device, mode, recipes)
+            if normal_seed is not None:
+                normal_inputs(xs, normal_seed)
+            xs, placed = self.into_arena(xs), True
+        if recipes is not None:
+            # Drawn again in place only where every input is in memory of
+            # its own that stays.
+            kept = [("kept", None) if not isinstance(x, t.Tensor) or x.numel() == 0 else r for x, r in zip(xs, recipes)]
+            self.recipes = kept if placed else [None]
+        self.last, self.last_desc = xs, self.describe(xs)
+        return xs, self.last_desc
+
+    def into_arena(self, xs):
+        """`xs` copied into the memory file, from its start."""
+        t = torch()
         shared, cursor = [], 0
         for x in xs:
             if not isinstance(x, t.Tensor):
@@ -511,7 +633,34 @@ class Stage:
             view.copy_(x)
             shared.append(view)
             cursor = start + n
-        return shared, self.describe(shared)
+        return shared
+
+    def into_slots(self, xs):
+        """`xs` copied into memory kept from one draw to the next: input k
+        is at the same address in every step while its shape, strides and
+        dtype stay, as KernelBench's timed calls see one input set at one
+        address (a program replaying a CUDA graph captured on its inputs'
+        addresses replays it on the new values). Inputs that share memory,
+        or a tensor whose elements overlap, keep the draw's own memory (a
+        copy would part them)."""
+        t = torch()
+        tensors = [x for x in xs if isinstance(x, t.Tensor) and x.numel() > 0]
+        storages = {x.untyped_storage().data_ptr() for x in tensors}
+        if len(storages) < len(tensors) or any(overlaps_itself(x) for x in tensors):
+            return [self.in_pool(x) for x in xs], False
+        out = []
+        for k, x in enumerate(xs):
+            if not isinstance(x, t.Tensor) or x.numel() == 0:
+                out.append(x)
+                continue
+            key = (tuple(x.shape), x.stride(), x.dtype)
+            kept = self.slots.get(k)
+            if kept is None or kept[0] != key:
+                kept = (key, t.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=self.device))
+                self.slots[k] = kept
+            kept[1].copy_(x)
+            out.append(kept[1])
+        return out, True
 
     def in_pool(self, x):
         """`x` where its memory is a segment of the private pool (a copy,
@@ -1418,6 +1567,26 @@ def call_times(records, who, cal, device, kinds=("timed",)):
     return out
 
 
+def dump_records(records):
+    """With MTMC_JUDGE_RECORDS=DIR, every call's record of one run of steps
+    in a JSON file there (for studying the judge's timing)."""
+    folder = os.environ.get("MTMC_JUDGE_RECORDS")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"steps-{os.getpid()}-{_clock():.6f}.json"), "w") as f:
+            json.dump(records, f)
+
+
+def flushes_after(records):
+    """The L2 flushes that came right after a call in the same step, by
+    who made that call."""
+    after = {}
+    for prev, r in zip(records, records[1:]):
+        if r.get("flush_ms") is not None and prev["step"] == r["step"]:
+            after.setdefault(prev["who"], []).append(r["flush_ms"])
+    return after
+
+
 def between_calls(records, cal):
     """Per step, who is charged with how long the judge's L2 flushes of the
     step waited for the GPU beyond a flush with no candidate (less
@@ -1469,7 +1638,7 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
     for step, kind in enumerate(kinds):
         seed = secret.getrandbits(62)
         g0 = _clock()
-        xs, desc = stage.generate(ref["ns"], seed, s["inputs"])
+        xs, desc = stage.generate(ref["ns"], seed, s["inputs"], fresh=True)
         probe = probe_inputs(xs, secret) if checked else None
         if cuda and probe is not None:
             # Done before the step's flush is timed (`generate` synced the
@@ -1489,11 +1658,14 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
                 # are stamped while its own context runs, so the wait for a
                 # GPU busy with another process's work would not show.
                 f0 = _clock()
+                a = t.cuda.Event(enable_timing=True)
+                a.record()
                 flush_l2(device)
-                b = t.cuda.Event()
+                b = t.cuda.Event(enable_timing=True)
                 b.record()
                 b.synchronize()
                 flush_ms = (_clock() - f0) * 1e3
+                rec["flush_gpu_ms"] = a.elapsed_time(b)
             c0 = _clock()
             t0, t_done = child.call(from_runner("NULL") if who == "null" else from_runner("CALL"), desc, int(kind == "watched"), deadline)
             error = child.outcome_of_call()
@@ -1522,6 +1694,7 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
                 return records
         del xs, probe
     debug(f"{len(kinds)} steps in {_clock() - began:.3f} s: " + ", ".join(f"{k} {v:.3f} s" for k, v in spent.items()))
+    dump_records(records)
     return records
 
 
@@ -1737,6 +1910,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
 
     spare_ready(deadline)
     timing_began = _clock()
+    watch_flushes = device.type == "cuda" and bool(ref["calibration"].get("flush_ms"))
     paired = s["paired_eager"] and "eager" in req.get("baselines", ["eager"]) and "error" not in ref["baselines"].get("eager", {"error": 1})
     callers = [("candidate", child)] + ([("reference", ref["runner"])] if paired else [])
     records = timed_steps(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
@@ -1763,16 +1937,24 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     if paired:
         paired_timing = stats(call_times(records, "reference", cal, device), clock_name(device))
         eager = paired_baseline(paired_timing, ref["baselines"]["eager"])
-    if device.type == "cuda" and ref["calibration"].get("flush_ms"):
-        clean = ref["calibration"]["flush_ms"]
-        flushes = [r["flush_ms"] for r in records if r.get("flush_ms") is not None]
-        busy = median(flushes)
-        outcome["integrity"]["flush_ms"] = busy
+    if watch_flushes:
         charged = [extra for who, extra in between_calls(records, cal).values() if who == "candidate"]
         outcome["integrity"]["between_ms"] = sum(charged) / len(charged) if charged else 0.0
+        after = flushes_after(records)
+        if len(after.get("candidate", [])) >= MIN_AFTER and len(after.get("null", [])) >= MIN_AFTER:
+            # Like for like: a flush right after another process's call
+            # waits for the GPU to switch to the judge, and beside a
+            # neighbour's work for that too, whoever called.
+            busy, clean = median(after["candidate"]), median(after["null"])
+            where = f"right after its calls took {busy:.3f} ms (median of {len(after['candidate'])}), right after a call that does nothing {clean:.3f} ms"
+        else:
+            busy = median([r["flush_ms"] for r in records if r.get("flush_ms") is not None])
+            clean = cal["flush_ms"]
+            where = f"took {busy:.3f} ms (median) while its process lived, {clean:.3f} ms with none"
+        outcome["integrity"]["flush_ms"] = busy
         if busy > max(BUSY_RATIO * clean, clean + BUSY_MARGIN_MS):
             outcome.pop("runtime", None)
-            outcome.update(status="incorrect", failed_check="work_between_calls", why=f"the GPU was busy with the candidate's work between its calls: the judge's L2 flush took {busy:.3f} ms (median) while its process lived, {clean:.3f} ms with none")
+            outcome.update(status="incorrect", failed_check="work_between_calls", why=f"the GPU was busy with the candidate's work between its calls: the judge's L2 flush {where}")
             return outcome
 
     # The parameters change in place (the candidate's and the reference's

@@ -305,7 +305,8 @@ pub struct Integrity {
     /// call's own step takes beyond it is work left running, and counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal_ms: Option<f64>,
-    /// The judge's L2 flush while the candidate's process lived (median).
+    /// The judge's L2 flush right after the candidate's calls (median; of
+    /// every flush while its process lived where eager was not beside it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush_ms: Option<f64>,
     /// How long, on average per step, the judge's flushes waited for the

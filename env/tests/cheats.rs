@@ -170,6 +170,12 @@ const CAUGHT: &[(&str, &str, &str, &str)] = &[
         "the judge chose at random and compared after it returned",
     ),
     (
+        "problem_relu.py",
+        "caches_by_address.py",
+        "timed_call",
+        "the judge chose at random and compared after it returned",
+    ),
+    (
         "problem_relu_positive.py",
         "returns_input.py",
         "second_distribution",

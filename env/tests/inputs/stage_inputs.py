@@ -1,0 +1,69 @@
+# Drives the judge's input staging (judge.py's Stage) on the CPU with real
+# torch; prints one line per check, "ok" or what went wrong, and exits 1 on
+# any failure. Run by env/tests/worker.rs with the judge's folder first on
+# sys.path.
+import sys
+import types
+
+import torch
+
+import judge
+
+failed = []
+
+
+def check(name, ok):
+    print(("ok " if ok else "FAILED ") + name)
+    if not ok:
+        failed.append(name)
+
+
+cpu = torch.device("cpu")
+
+# Every input a random factory's untouched result: drawn again in place.
+factories = {"get_inputs": lambda: [torch.rand(64, 32), torch.randint(3, 9, (500,)), 7, torch.randn(16, 8)]}
+stage = judge.Stage(cpu, 1 << 20)
+xs, desc = stage.generate(factories, 1, "device")
+check("recipes of rand, randint, a number, randn", stage.recipes == [("uniform", None), ("integers", (3, 9)), ("kept", None), ("normal", None)])
+before = [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+ptrs = [x.data_ptr() for x in xs if isinstance(x, torch.Tensor)]
+ys, desc2 = stage.generate(factories, 2, "device", fresh=True)
+check("a fresh draw keeps the descriptor", desc2 == desc)
+check("a fresh draw keeps the addresses", [y.data_ptr() for y in ys if isinstance(y, torch.Tensor)] == ptrs)
+check("a fresh draw changes every tensor", all(not torch.equal(a, b) for a, b in zip(before, ys) if isinstance(a, torch.Tensor)))
+check("uniform stays in [0, 1)", 0.0 <= float(ys[0].min()) and float(ys[0].max()) < 1.0)
+check("randint stays in [3, 9) and reaches both ends", int(ys[1].min()) == 3 and int(ys[1].max()) == 8)
+check("the number is kept", ys[2] == 7)
+check("normal is signed", float(ys[3].min()) < 0.0 < float(ys[3].max()))
+again, _ = stage.generate(factories, 1, "device")
+check("a seeded draw is get_inputs() under that seed", torch.equal(again[0], before[0]) and torch.equal(again[1], before[1]))
+
+# An input derived from a factory's result (or changed after it): drawn by
+# get_inputs() again, still at the same address.
+derived = {"get_inputs": lambda: [torch.rand(64, 32) * 2 - 1, torch.rand(10).mul_(3)]}
+stage = judge.Stage(cpu, 1 << 20)
+xs, desc = stage.generate(derived, 1, "device")
+check("no recipe for a derived or changed input", stage.recipes == [None, None])
+first = xs[0].clone()
+ys, desc2 = stage.generate(derived, 5, "device", fresh=True)
+check("a derived input is drawn again by get_inputs()", desc2 == desc and not torch.equal(first, ys[0]) and float(ys[0].min()) < 0.0)
+
+# Slots (the GPU's stable addresses), with CPU tensors: one address per
+# input from one draw to the next; inputs that share memory, or overlap
+# themselves, keep the draw's own.
+slots = types.SimpleNamespace(slots={}, device=cpu, in_pool=lambda x: x)
+a, b = torch.rand(4, 5), torch.rand(5, 4).t()
+out, placed = judge.Stage.into_slots(slots, [a, b, 3])
+check("slots copy the values, strides kept", placed and torch.equal(out[0], a) and torch.equal(out[1], b) and out[1].stride() == b.stride() and out[2] == 3)
+ptrs = [o.data_ptr() for o in out[:2]]
+out2, _ = judge.Stage.into_slots(slots, [torch.rand(4, 5), torch.rand(5, 4).t(), 3])
+check("slots keep their addresses", [o.data_ptr() for o in out2[:2]] == ptrs)
+base = torch.rand(10)
+view_pair = [base[:5], base[5:]]
+out3, placed3 = judge.Stage.into_slots(slots, view_pair)
+check("inputs sharing memory keep it", not placed3 and out3[0] is view_pair[0])
+expanded = torch.rand(3, 1).expand(3, 4)
+out4, placed4 = judge.Stage.into_slots(slots, [expanded])
+check("an expanded input keeps its memory", not placed4 and out4[0] is expanded)
+
+sys.exit(1 if failed else 0)
