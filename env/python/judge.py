@@ -514,6 +514,14 @@ def overlaps_itself(x):
     return any(st == 0 and d > 1 for d, st in zip(x.shape, x.stride())) or extent < x.numel()
 
 
+def shares_memory(xs):
+    """Whether two tensors of `xs` share memory, or one overlaps itself."""
+    t = torch()
+    tensors = [x for x in xs if isinstance(x, t.Tensor) and x.numel() > 0]
+    storages = {x.untyped_storage().data_ptr() for x in tensors}
+    return len(storages) < len(tensors) or any(overlaps_itself(x) for x in tensors)
+
+
 def flush_l2(device):
     """Writes 256 MB so that no call starts with data in L2."""
     t = torch()
@@ -602,7 +610,9 @@ class Stage:
             xs = make_inputs(ns, seed, self.device, mode, recipes)
             if normal_seed is not None:
                 normal_inputs(xs, normal_seed)
-            xs, placed = self.into_arena(xs), True
+            # Copies part inputs that share memory: not drawn again in
+            # place one by one then.
+            xs, placed = self.into_arena(xs), not shares_memory(xs)
         if recipes is not None:
             # Drawn again in place only where every input is in memory of
             # its own that stays.
@@ -644,9 +654,7 @@ class Stage:
         or a tensor whose elements overlap, keep the draw's own memory (a
         copy would part them)."""
         t = torch()
-        tensors = [x for x in xs if isinstance(x, t.Tensor) and x.numel() > 0]
-        storages = {x.untyped_storage().data_ptr() for x in tensors}
-        if len(storages) < len(tensors) or any(overlaps_itself(x) for x in tensors):
+        if shares_memory(xs):
             return [self.in_pool(x) for x in xs], False
         out = []
         for k, x in enumerate(xs):

@@ -29,5 +29,5 @@ fn timed_inputs_are_drawn_again_in_place_at_the_same_addresses() {
     );
     assert!(out.status.success(), "{text}");
     let passed = text.lines().filter(|l| l.starts_with("ok ")).count();
-    assert_eq!(passed, 15, "{text}");
+    assert_eq!(passed, 16, "{text}");
 }

@@ -48,6 +48,14 @@ first = xs[0].clone()
 ys, desc2 = stage.generate(derived, 5, "device", fresh=True)
 check("a derived input is drawn again by get_inputs()", desc2 == desc and not torch.equal(first, ys[0]) and float(ys[0].min()) < 0.0)
 
+# The same tensor twice: copies part them, so it is not drawn again in
+# place (two draws would differ where get_inputs() gives one).
+shared = torch.rand(8)
+aliased = {"get_inputs": lambda: [shared, shared]}
+stage = judge.Stage(cpu, 1 << 20)
+stage.generate(aliased, 1, "device")
+check("inputs that share memory are not drawn again in place", stage.recipes == [None])
+
 # Slots (the GPU's stable addresses), with CPU tensors: one address per
 # input from one draw to the next; inputs that share memory, or overlap
 # themselves, keep the draw's own.
