@@ -32,6 +32,7 @@ cost its runner only: the judge kills it and reports the fault. A fault of
 the judge itself is the caller's to handle: it restarts the judge.
 """
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -112,6 +113,8 @@ PARAMETER_SCALE = 0.5
 
 
 _DEBUG = os.environ.get("MTMC_JUDGE_DEBUG") == "1"
+# Where every call's record is written (`dump_records`), or None.
+_RECORDS = os.environ.get("MTMC_JUDGE_RECORDS") or None
 
 
 def debug(*parts):
@@ -225,7 +228,7 @@ def make_inputs(ns, seed, device, mode, recipes=None):
     t = torch()
     set_seed(seed)
     recorder = FactoryRecorder() if recipes is not None else None
-    with recorder if recorder is not None else _nothing():
+    with recorder if recorder is not None else contextlib.nullcontext():
         if mode == "device" and device.type == "cuda":
             with t.device(device):
                 xs = ns["get_inputs"]()
@@ -234,14 +237,6 @@ def make_inputs(ns, seed, device, mode, recipes=None):
     if recorder is not None:
         recipes.extend(recorder.recipe(x) for x in xs)
     return [x.to(device) if isinstance(x, t.Tensor) else x for x in xs]
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        return False
 
 
 # torch's random factories, and the in-place draw of the same distribution.
@@ -289,8 +284,12 @@ def integer_bounds(name, args, kwargs):
     they cannot be read."""
     rest = list(args[1:] if name == "randint_like" else args)
     nums = [a for a in rest if isinstance(a, int) and not isinstance(a, bool)]
-    low, high = (0, nums[0]) if len(nums) == 1 else (nums[0], nums[1]) if len(nums) >= 2 else (None, None)
-    low, high = kwargs.get("low", low if low is not None else 0), kwargs.get("high", high)
+    low, high = 0, None
+    if len(nums) == 1:
+        high = nums[0]
+    elif len(nums) >= 2:
+        low, high = nums[0], nums[1]
+    low, high = kwargs.get("low", low), kwargs.get("high", high)
     if not isinstance(low, int) or not isinstance(high, int) or high <= low:
         return None
     return (low, high)
@@ -1578,10 +1577,9 @@ def call_times(records, who, cal, device, kinds=("timed",)):
 def dump_records(records):
     """With MTMC_JUDGE_RECORDS=DIR, every call's record of one run of steps
     in a JSON file there (for studying the judge's timing)."""
-    folder = os.environ.get("MTMC_JUDGE_RECORDS")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"steps-{os.getpid()}-{_clock():.6f}.json"), "w") as f:
+    if _RECORDS:
+        os.makedirs(_RECORDS, exist_ok=True)
+        with open(os.path.join(_RECORDS, f"steps-{os.getpid()}-{_clock():.6f}.json"), "w") as f:
             json.dump(records, f)
 
 
@@ -1666,14 +1664,18 @@ def steps_of(ref, s, device, callers, kinds, deadline, on_call, checked, beside)
                 # are stamped while its own context runs, so the wait for a
                 # GPU busy with another process's work would not show.
                 f0 = _clock()
-                a = t.cuda.Event(enable_timing=True)
-                a.record()
+                # The flush's own span by the judge's events, for the
+                # records only (MTMC_JUDGE_RECORDS).
+                a = t.cuda.Event(enable_timing=True) if _RECORDS else None
+                if a is not None:
+                    a.record()
                 flush_l2(device)
-                b = t.cuda.Event(enable_timing=True)
+                b = t.cuda.Event(enable_timing=a is not None)
                 b.record()
                 b.synchronize()
                 flush_ms = (_clock() - f0) * 1e3
-                rec["flush_gpu_ms"] = a.elapsed_time(b)
+                if a is not None:
+                    rec["flush_gpu_ms"] = a.elapsed_time(b)
             c0 = _clock()
             t0, t_done = child.call(from_runner("NULL") if who == "null" else from_runner("CALL"), desc, int(kind == "watched"), deadline)
             error = child.outcome_of_call()
