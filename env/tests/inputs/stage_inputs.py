@@ -1,13 +1,20 @@
 # Drives the judge's input staging (judge.py's Stage) on the CPU with real
 # torch; prints one line per check, "ok" or what went wrong, and exits 1 on
-# any failure. Run by env/tests/worker.rs with the judge's folder first on
-# sys.path.
+# any failure. Run by env/tests/inputs.rs with the judge's folder first on
+# sys.path; with the argument `cuda` (scripts/gpu-check's `draw` section)
+# it checks the staging on the GPU instead, the judge's own draw among it.
+import os
 import sys
 import types
 
 import torch
 
-import judge
+on_gpu = sys.argv[1:] == ["cuda"]
+# judge.py reads its runner's source (which the GPU's staging uses) from
+# its first argument.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python/runner.py")) as f:
+    sys.argv[1:] = [f.read()]
+import judge  # noqa: E402
 
 failed = []
 
@@ -17,6 +24,51 @@ def check(name, ok):
     if not ok:
         failed.append(name)
 
+
+def gpu_checks():
+    """The staging on the GPU: timed inputs drawn again in place by the
+    judge's own kernel (uniform and normal, float32, float16 and bfloat16),
+    integers by torch, KernelBench's seeded values unchanged."""
+    dev = torch.device("cuda")
+    n = 1 << 22
+    factories = {"get_inputs": lambda: [
+        torch.rand(n), torch.randn(2048, 2048), torch.rand(n, dtype=torch.float16),
+        torch.randn(n, dtype=torch.bfloat16), torch.randint(0, 5, (4096,)), 3.0]}
+    stage = judge.Stage(dev, 0)
+    xs, desc = stage.generate(factories, 11, "device")
+    check("gpu: recipes", stage.recipes == [("uniform", None), ("normal", None), ("uniform", None), ("normal", None), ("integers", (0, 5)), ("kept", None)])
+    expected = judge.make_inputs(factories, 11, dev, "device")
+    check("gpu: a seeded draw is get_inputs() under that seed", all(torch.equal(a, b) for a, b in zip(xs[:5], expected[:5])))
+    before = [x.clone() for x in xs[:5]]
+    ptrs = [x.data_ptr() for x in xs[:5]]
+    ys, desc2 = stage.generate(factories, 12, "device", fresh=True)
+    check("gpu: a fresh draw keeps the descriptor and addresses", desc2 == desc and [y.data_ptr() for y in ys[:5]] == ptrs)
+    drawn = {k for k in judge._FAST_DRAW if isinstance(k, tuple)}
+    check(f"gpu: the judge's kernel drew every float input ({judge._FAST_DRAW.get('off', 'on')})", "off" not in judge._FAST_DRAW and drawn == {("uniform", torch.float32), ("normal", torch.float32), ("uniform", torch.float16), ("normal", torch.bfloat16)})
+    check("gpu: a fresh draw changes every tensor", all(not torch.equal(a, b) for a, b in zip(before, ys)))
+    for x, kind in zip(ys[:4], ["uniform", "normal", "uniform", "normal"]):
+        v = x.float().reshape(-1)
+        mean, std, low, high = float(v.mean()), float(v.std()), float(v.min()), float(v.max())
+        if kind == "uniform":
+            ok = low >= 0.0 and high < 1.0 and abs(mean - 0.5) < 2e-3 and abs(std - 12 ** -0.5) < 2e-3
+        else:
+            ok = abs(mean) < 5e-3 and abs(std - 1.0) < 5e-3 and low < -4.0 and high > 4.0
+        check(f"gpu: {kind} {x.dtype} (mean {mean:.4f}, std {std:.4f}, range {low:.3f} to {high:.3f})", ok)
+    check("gpu: integers stay in [0, 5) and reach both ends", int(ys[4].min()) == 0 and int(ys[4].max()) == 4)
+    a = ys[0].clone()
+    ys, _ = stage.generate(factories, 13, "device", fresh=True)
+    b = ys[0]
+    corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    near = float(torch.corrcoef(torch.stack([b[:-1], b[1:]]))[0, 1])
+    check(f"gpu: draws under two keys, and neighbours, are uncorrelated ({corr:.1e}, {near:.1e})", abs(corr) < 5e-3 and abs(near) < 5e-3)
+    t = torch.rand(512, 256, device=dev).t()
+    check("gpu: a strided tensor is left to torch", not judge.fast_draw(t, "uniform", 1) and "off" not in judge._FAST_DRAW)
+    check("gpu: a wrong draw is seen", judge.fast_draw_wrong(torch.zeros(1 << 16, device=dev), "uniform") is not None and judge.fast_draw_wrong(torch.rand(1 << 16, device=dev), "uniform") is None)
+
+
+if on_gpu:
+    gpu_checks()
+    sys.exit(1 if failed else 0)
 
 cpu = torch.device("cpu")
 
