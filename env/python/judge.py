@@ -589,7 +589,8 @@ class Sampled:
 
     def __init__(self, shape, dtype, picks, values, index=None):
         self.shape, self.dtype, self.picks, self.values = list(shape), dtype, picks, values
-        # Where the positions lie in the tensor's storage, where known.
+        # Where the positions lie in the tensor's storage (set for inputs,
+        # which `probe_changed` reads again there).
         self.index = index
 
 
@@ -622,8 +623,7 @@ def probe_changed(probe, xs):
     t = torch()
     for i, (p, x) in enumerate(zip(probe, xs)):
         if isinstance(p, Sampled):
-            now = storage_of(x.detach())[p.index] if p.index is not None else take_flat(x.detach(), p.picks)
-            if not t.equal(p.values, now):
+            if not t.equal(p.values, storage_of(x.detach())[p.index]):
                 return i
         elif isinstance(p, t.Tensor) and not t.equal(p, x):
             return i
