@@ -544,6 +544,24 @@ async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomput
     assert!(!o.references_recomputed, "{o:?}");
 }
 
+/// A product over a long K added in another order (as split-K adds its
+/// parts) is correct on normal inputs too: there each element may also
+/// differ by rtol times the output's scale, where the sums cancel to near
+/// zero. A cheat that only holds on KernelBench's inputs still fails there
+/// (`returns_input.py`, `caches_output.py` in `CAUGHT`).
+#[tokio::test]
+async fn another_order_of_a_long_sum_is_correct_on_normal_inputs() {
+    let Some(python) = torch_python() else { return };
+    let _host = HOST.read().await;
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    let o = eval(&mut ev, "problem_long_sum.py", "honest_split_k.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert_eq!(
+        o.integrity.unwrap().second_distribution.as_deref(),
+        Some("passed")
+    );
+}
+
 #[tokio::test]
 async fn a_nan_in_the_output_is_the_first_bad_element() {
     let Some(python) = torch_python() else { return };

@@ -2,27 +2,16 @@
 # torch; prints one line per check, "ok" or what went wrong, and exits 1 on
 # any failure. Run by env/tests/inputs.rs with the judge's folder first on
 # sys.path; with the argument `cuda` (scripts/gpu-check's `draw` section)
-# it checks the staging on the GPU instead, the judge's own draw among it.
-import os
+# it checks the staging on the GPU instead, the judge's own draw among it,
+# and the comparison of outputs by the judge's own kernel.
 import sys
 import types
 
 import torch
+from harness import check, done, import_judge
 
 on_gpu = sys.argv[1:] == ["cuda"]
-# judge.py reads its runner's source (which the GPU's staging uses) from
-# its first argument.
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../python/runner.py")) as f:
-    sys.argv[1:] = [f.read()]
-import judge  # noqa: E402
-
-failed = []
-
-
-def check(name, ok):
-    print(("ok " if ok else "FAILED ") + name)
-    if not ok:
-        failed.append(name)
+judge = import_judge()
 
 
 def gpu_checks():
@@ -64,11 +53,39 @@ def gpu_checks():
     t = torch.rand(512, 256, device=dev).t()
     check("gpu: a strided tensor is left to torch", not judge.fast_draw(t, "uniform", 1) and "off" not in judge._FAST_DRAW)
     check("gpu: a wrong draw is seen", judge.fast_draw_wrong(torch.zeros(1 << 16, device=dev), "uniform") is not None and judge.fast_draw_wrong(torch.rand(1 << 16, device=dev), "uniform") is None)
+    compare_checks(dev)
+
+
+def compare_checks(dev):
+    """The judge's comparison on the GPU (its `gap` kernel): one wrong
+    element anywhere is found, NaN fails, equal infinities pass, and its
+    figures are torch's."""
+    n = (1 << 22) + 333
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        ref = torch.randn(n, device=dev).to(dtype)
+        same = judge.compare([ref], [ref.clone()], 1e-4, 1e-4, 1e-2)
+        check(f"gpu: {dtype} outputs equal to the reference pass", same["ok"] and same["max_abs_err"] == 0.0)
+        for where in (0, n // 2 + 7, n - 1):
+            out = ref.clone()
+            out[where] += 1.0
+            got = judge.compare([ref], [out], 1e-4, 1e-4, 1e-2)
+            check(f"gpu: {dtype}, one element off at {where} of {n} fails there", not got["ok"] and got.get("first_bad_index") == [where])
+        out = ref.clone()
+        out[n // 3] = float("nan")
+        check(f"gpu: {dtype}, a NaN fails", not judge.compare([ref], [out], 1e-4, 1e-4, 1e-2)["ok"])
+        both = ref.clone()
+        both[5] = float("inf")
+        check(f"gpu: {dtype}, equal infinities pass", judge.compare([both], [both.clone()], 1e-4, 1e-4, 1e-2)["ok"])
+        out = ref + 1e-3
+        fast = judge.fast_gap(out, ref)
+        spans = [(b, min(b + judge.COMPARE_CHUNK, n)) for b in range(0, n, judge.COMPARE_CHUNK)]
+        check(f"gpu: {dtype}, the kernel's largest gap and scale are torch's ({fast})", fast is not None and list(fast) == list(judge.torch_gap(torch, out, ref, spans)))
+    check(f"gpu: the judge's kernel compared every output ({judge._GAP.get('off', 'on')})", "off" not in judge._GAP and {k for k in judge._GAP if k != "off"} == {torch.float32, torch.float16, torch.bfloat16})
 
 
 if on_gpu:
     gpu_checks()
-    sys.exit(1 if failed else 0)
+    done()
 
 cpu = torch.device("cpu")
 
@@ -126,4 +143,4 @@ expanded = torch.rand(3, 1).expand(3, 4)
 out4, placed4 = judge.Stage.into_slots(slots, [expanded])
 check("an expanded input keeps its memory", not placed4 and out4[0] is expanded)
 
-sys.exit(1 if failed else 0)
+done()
