@@ -17,7 +17,7 @@ use super::build::regions;
 use super::judge::{ProblemJudge, judge_program, problem_source, write_model_new};
 use super::variants::{conclude, library_ops};
 use super::{Critic, LlmRun, Summary};
-use crate::steps::{self, Found, Planner, Proposal};
+use crate::steps::{self, Found, OneAtATime, Proposal, Proposed};
 use mtmc_coder::critique::{LlmCritic, rules};
 use mtmc_coder::llm::{LlmCoder, program_text};
 
@@ -128,7 +128,7 @@ pub(super) fn llm_search(
 ) -> Result<Found> {
     let coder = LlmCoder::new(llm.client.clone());
     let mut planner = LlmPlanner::new(g, regions, llm, whole, spec, &coder);
-    steps::run(out, &mut planner, stopped, judge)
+    steps::run(out, &mut planner, stopped, steps::each(judge))
 }
 
 /// The LLM coder's steps as a planner: a step per region (a kernel for
@@ -197,7 +197,7 @@ impl<'a> LlmPlanner<'a> {
     }
 }
 
-impl Planner for LlmPlanner<'_> {
+impl OneAtATime for LlmPlanner<'_> {
     fn done(&self) -> bool {
         self.halted || self.region >= self.regions.len()
     }
@@ -207,7 +207,7 @@ impl Planner for LlmPlanner<'_> {
         out: &mut dyn std::io::Write,
         found: &mut Found,
         stopped: &dyn Fn() -> bool,
-    ) -> Result<Proposal> {
+    ) -> Result<Proposal<Proposed>> {
         self.step += 1;
         let step = self.step;
         let label = format!(
@@ -255,11 +255,11 @@ impl Planner for LlmPlanner<'_> {
             self.start_region(self.region + 1);
             return Ok(Proposal::Next);
         }
-        Ok(Proposal::Judge {
+        Ok(Proposal::Judge(vec![Proposed {
             program,
             label,
             params: Params::default(),
-        })
+        }]))
     }
 
     fn judged(

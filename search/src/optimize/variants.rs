@@ -17,7 +17,7 @@ use mtmc_env::outcome::{Outcome, Status};
 use super::Target;
 use super::build::{Gemm, build, has_conv, has_gemm};
 use super::write;
-use crate::steps::{self, Found, Planner, Proposal};
+use crate::steps::{self, Found, OneAtATime, Proposal, Proposed};
 
 /// One program the built-in search builds: launch parameters, whether
 /// pointwise chains are fused in front of the row kernels that read them,
@@ -139,7 +139,7 @@ impl<'a> VariantPlanner<'a> {
     }
 }
 
-impl Planner for VariantPlanner<'_> {
+impl OneAtATime for VariantPlanner<'_> {
     fn done(&self) -> bool {
         self.done || self.variants.len() == 0
     }
@@ -149,7 +149,7 @@ impl Planner for VariantPlanner<'_> {
         out: &mut dyn std::io::Write,
         found: &mut Found,
         _stopped: &dyn Fn() -> bool,
-    ) -> Result<Proposal> {
+    ) -> Result<Proposal<Proposed>> {
         let g = self.g;
         let Some(&Variant { params, fuse, gemm }) = self.variants.next() else {
             return Ok(Proposal::Done);
@@ -229,11 +229,11 @@ impl Planner for VariantPlanner<'_> {
             )?;
             return Ok(Proposal::Next);
         }
-        Ok(Proposal::Judge {
+        Ok(Proposal::Judge(vec![Proposed {
             program,
             label,
             params,
-        })
+        }]))
     }
 
     fn judged(
@@ -319,7 +319,7 @@ pub(super) fn search(
     judge: impl FnMut(&Program, &str) -> Result<Outcome>,
 ) -> Result<Found> {
     let mut planner = VariantPlanner::new(g, regions, variants, target, strict);
-    steps::run(out, &mut planner, stopped, judge)
+    steps::run(out, &mut planner, stopped, steps::each(judge))
 }
 
 /// Writes the report and the best program (through `write_best`, which

@@ -42,7 +42,7 @@ pub fn enumerate_problem(
     let mut interrupted = false;
     while e.step < budget && !queue.is_empty() && !interrupted {
         // Up to one program per worker, in breadth-first order.
-        let take = j.judge.in_flight().min(budget - e.step).min(queue.len());
+        let take = judge.in_flight().min(budget - e.step).min(queue.len());
         let round: Vec<(Config, Move, Config)> = queue.drain(..take).collect();
         let started = now();
         let asked: Vec<(Move, Config, String)> = round
@@ -50,6 +50,7 @@ pub fn enumerate_problem(
             .map(|(_, m, next)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
             .collect();
         let judged = match j.evaluate(
+            judge,
             Reuse::of(Some(&*rec.store), true, rec.rejudge_changed),
             &asked,
         )? {
@@ -208,7 +209,7 @@ pub fn extend_problem(
     let mut done = 0;
     let mut interrupted = false;
     while done < candidates.len() && !interrupted {
-        let take = j.judge.in_flight().min(candidates.len() - done);
+        let take = judge.in_flight().min(candidates.len() - done);
         let round = &candidates[done..done + take];
         done += take;
         let started = now();
@@ -222,7 +223,7 @@ pub fn extend_problem(
                 )
             })
             .collect();
-        let judged = match j.evaluate(Reuse::Nothing, &asked)? {
+        let judged = match j.evaluate(judge, Reuse::Nothing, &asked)? {
             Round::Judged(judged) => judged,
             Round::Dropped(_) => {
                 done -= take;

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use mtmc_actions::device::{builtin_devices, find_device};
 use mtmc_actions::graph::OpGraph;
-use mtmc_env::outcome::Status;
+use mtmc_env::outcome::{Outcome, Status};
 use mtmc_planner::episode::{Episode, Reward};
 use mtmc_planner::features::{Problem as PlanProblem, observe};
 use mtmc_planner::space::{ACTIONS, Config, Move, REWRITTEN};
@@ -14,9 +14,12 @@ use mtmc_planner::store::{StepRecord, Store, Taken, now};
 
 use super::choice::Loaded;
 use super::counted;
-use super::judging::{Judging, Reuse, Round, build_config, fragments, rewritten_of};
+use super::judging::{
+    Judging, Prepared, Reuse, ToJudge, build_config, fragments, judge_round, rewritten_of,
+};
 use super::split::Split;
 use crate::optimize::{ProblemJudge, conclude, problem_source, write_model_new};
+use crate::steps::{Found, Proposal};
 
 /// How a planned search runs.
 pub struct PlanSettings {
@@ -150,7 +153,7 @@ pub fn plan_problem(
     out_dir: Option<&Path>,
     seed: u64,
 ) -> Result<EpisodeResult> {
-    let mut j = Judging::new(p, g, judge)?;
+    let j = Judging::new(p, g, judge)?;
     let problem = j.problem.clone();
     let prior = match knowledge.or(store.as_deref()) {
         Some(s) => s.prior(&problem.pattern, &problem.name, &|n| {
@@ -170,10 +173,6 @@ pub fn plan_problem(
         )?),
         None => None,
     };
-    let reward = Reward::default();
-    let stop_scale = split_tf32_scale(g, &j.judge.spec);
-    let mut e = Episode::new(problem.shape, settings.budget);
-    let mut bests = Vec::new();
     writeln!(
         out,
         "{}: {} region(s) for kernels, pattern {}{}; planner {}, budget {} evaluations{}",
@@ -189,25 +188,141 @@ pub fn plan_problem(
             .collect::<String>(),
         planner.planner.name(),
         settings.budget,
-        match j.judge.in_flight() {
+        match judge.in_flight() {
             1 => String::new(),
             n => format!(", {n} in flight (one per GPU)"),
         }
     )?;
-    // A stop asked for by a signal, and the programs of the round it
-    // dropped.
-    let (mut interrupted, mut dropped) = (false, 0);
-    while !e.done {
-        if j.judge.stop_requested() {
-            interrupted = true;
-            break;
+    let source = j.source.clone();
+    let mut episode = EpisodePlanner {
+        e: Episode::new(problem.shape, settings.budget),
+        j,
+        planner,
+        settings,
+        store: store.as_deref_mut(),
+        episode_id,
+        prior,
+        reward: Reward::default(),
+        stop_scale: split_tf32_scale(g, &judge.spec),
+        slots: judge.in_flight(),
+        bests: Vec::new(),
+        pending: None,
+        dropped: 0,
+    };
+    let stopped = judge.stop_flag();
+    let found = crate::steps::run(out, &mut episode, &stopped, |round| {
+        judge_round(judge, &source, &p.code, round)
+    })?;
+    let EpisodePlanner {
+        e,
+        j,
+        bests,
+        dropped,
+        ..
+    } = episode;
+    let interrupted = found.interrupted;
+    if interrupted {
+        writeln!(
+            out,
+            "  interrupted after {} evaluation(s){}",
+            e.step,
+            counted(dropped, |n| format!(
+                "; the {n} program(s) in flight not kept"
+            ))
+        )?;
+    }
+    if let (Some(s), Some(id), false) = (store.as_deref(), episode_id, interrupted) {
+        s.end_episode(id, e.best_speedup())?;
+    }
+    let rejudged = if settings.rejudge && !interrupted {
+        j.rejudge_best(judge, &found)?
+    } else {
+        None
+    };
+    if let Some(again) = rejudged {
+        writeln!(
+            out,
+            "  the best program judged again: {again:.3}x (found at {:.3}x)",
+            e.best_speedup()
+        )?;
+    }
+    let rewritten = rewritten_of(&j.rewritten, j.best_graph);
+    let wrote = match out_dir {
+        Some(dir) => {
+            let graph = rewritten.map_or(g, |r| &*r.graph);
+            conclude(out, dir, &p.full_name(), found, graph, |program| {
+                write_model_new(dir, graph, program, &p.code, rewritten.is_some())
+            })?
         }
+        None => found.best.is_some(),
+    };
+    Ok(EpisodeResult {
+        best: e.best_speedup(),
+        evaluations: e.step,
+        bests,
+        wrote,
+        rejudged,
+        changed: j.changed,
+        interrupted,
+    })
+}
+
+/// A planned episode as the search loop's planner: each round is the
+/// planner's move and the moves it would make next (up to one per worker),
+/// their programs built or their outcomes taken from the store; each step
+/// is printed and recorded, and the episode stops near the roofline.
+struct EpisodePlanner<'a, 'b> {
+    j: Judging<'a>,
+    e: Episode,
+    planner: &'b mut Loaded,
+    settings: &'b PlanSettings,
+    store: Option<&'b mut Store>,
+    episode_id: Option<i64>,
+    prior: [f32; ACTIONS],
+    reward: Reward,
+    /// [`split_tf32_scale`] of the problem on the judge's GPU.
+    stop_scale: f64,
+    /// Programs in flight at once (one per worker).
+    slots: usize,
+    /// The best speedup after each evaluation.
+    bests: Vec<f64>,
+    /// The round in flight.
+    pending: Option<Pending>,
+    /// The programs of the round a signal dropped.
+    dropped: usize,
+}
+
+/// A round in flight: its moves (with their observations), what was asked
+/// of the judging, what it knew before judging, the state it left and when
+/// it started.
+struct Pending {
+    round: Vec<(Move, Config, Vec<f32>)>,
+    asked: Vec<(Move, Config, String)>,
+    prepared: Prepared,
+    state: String,
+    started: f64,
+}
+
+impl crate::steps::Planner for EpisodePlanner<'_, '_> {
+    type Candidate = ToJudge;
+
+    fn done(&self) -> bool {
+        self.e.done
+    }
+
+    fn propose(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        _found: &mut Found,
+        _stopped: &dyn Fn() -> bool,
+    ) -> Result<Proposal<ToJudge>> {
+        let (j, e, settings) = (&mut self.j, &mut self.e, self.settings);
         let started = now();
-        let obs = observe(&problem, &e, &prior);
+        let obs = observe(&j.problem, e, &self.prior);
         let mask = e.mask();
-        let m = planner.choose(&problem, &e, &obs, &mask);
+        let m = self.planner.choose(&j.problem, e, &obs, &mask);
         if settings.verbose
-            && let Some(c) = planner.considered()
+            && let Some(c) = self.planner.considered()
         {
             writeln!(out, "  weighed for step {}: {}", e.step + 1, c.text())?;
         }
@@ -215,10 +330,10 @@ pub fn plan_problem(
         let target = e.target(m).filter(|_| m != Move::Stop && mask[m.index()]);
         let Some(next) = target else {
             let r = e.stop();
-            if let (Some(s), Some(id)) = (store.as_deref_mut(), episode_id) {
+            if let (Some(s), Some(id)) = (self.store.as_deref_mut(), self.episode_id) {
                 s.add_step(
-                    &problem,
-                    &planner.version,
+                    &j.problem,
+                    &self.planner.version,
                     &StepRecord {
                         episode: id,
                         step: e.step,
@@ -238,33 +353,66 @@ pub fn plan_problem(
                 )?;
             }
             writeln!(out, "  step {}: stop", e.step)?;
-            break;
+            return Ok(Proposal::Done);
         };
-        let slots = j.judge.in_flight().min(e.max_steps - e.step);
-        let round = look_ahead(planner, &problem, &e, &prior, (m, next, obs), slots);
+        let slots = self.slots.min(e.max_steps - e.step);
+        let round = look_ahead(
+            self.planner,
+            &j.problem,
+            e,
+            &self.prior,
+            (m, next, obs),
+            slots,
+        );
         let asked: Vec<(Move, Config, String)> = round
             .iter()
             .map(|(m, next, _)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
             .collect();
-        let reuse = Reuse::of(store.as_deref(), settings.reuse, settings.rejudge_changed);
-        let judged = match j.evaluate(reuse, &asked)? {
-            Round::Judged(judged) => judged,
-            Round::Dropped(n) => {
-                (interrupted, dropped) = (true, n);
-                break;
-            }
-        };
-        for ((ev, (m, next, obs)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
+        let reuse = Reuse::of(
+            self.store.as_deref(),
+            settings.reuse,
+            settings.rejudge_changed,
+        );
+        let (prepared, to_judge) = j.prepare(reuse, &asked)?;
+        self.pending = Some(Pending {
+            round,
+            asked,
+            prepared,
+            state,
+            started,
+        });
+        Ok(Proposal::Judge(to_judge))
+    }
+
+    fn judged(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        found: &mut Found,
+        round: Vec<(ToJudge, Outcome)>,
+    ) -> Result<()> {
+        let Pending {
+            round: moves,
+            asked,
+            prepared,
+            state,
+            started,
+        } = self
+            .pending
+            .take()
+            .expect("an outcome follows a proposed round");
+        let judged = self.j.finish(found, prepared, &asked, round);
+        let e = &mut self.e;
+        for ((ev, (m, next, obs)), (_, _, label)) in judged.into_iter().zip(moves).zip(&asked) {
             let text = ev.diagnosis.text();
-            let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
-            bests.push(e.best_speedup());
+            let r = e.record(m, next.clone(), ev.diagnosis.clone(), &self.reward);
+            self.bests.push(e.best_speedup());
             writeln!(
                 out,
                 "  step {}: {label}: {text} (reward {r:+.3}, best {:.3}x)",
                 e.step,
                 e.best_speedup()
             )?;
-            if settings.verbose && ev.diagnosis.status != Status::Correct {
+            if self.settings.verbose && ev.diagnosis.status != Status::Correct {
                 let why = match &ev.outcome {
                     Some(o) => o.why.as_deref().or(o.error.as_deref()),
                     None => ev.failure.as_deref(),
@@ -273,11 +421,11 @@ pub fn plan_problem(
                     writeln!(out, "    {line}")?;
                 }
             }
-            if let (Some(s), Some(id)) = (store.as_deref_mut(), episode_id) {
+            if let (Some(s), Some(id)) = (self.store.as_deref_mut(), self.episode_id) {
                 s.add_step(
-                    &problem,
-                    &planner.version,
-                    &ev.step(id, &e, state.clone(), obs, m, &next, r, started)?,
+                    &self.j.problem,
+                    &self.planner.version,
+                    &ev.step(id, e, state.clone(), obs, m, &next, r, started)?,
                 )?;
             }
         }
@@ -285,7 +433,7 @@ pub fn plan_problem(
             .best
             .as_ref()
             .and_then(|b| b.diagnosis.roofline)
-            .is_some_and(|f| f * stop_scale >= settings.near_roofline);
+            .is_some_and(|f| f * self.stop_scale >= self.settings.near_roofline);
         if near && !e.done {
             writeln!(
                 out,
@@ -293,52 +441,20 @@ pub fn plan_problem(
             )?;
             e.stop();
         }
+        Ok(())
     }
-    if interrupted {
-        writeln!(
-            out,
-            "  interrupted after {} evaluation(s){}",
-            e.step,
-            counted(dropped, |n| format!(
-                "; the {n} program(s) in flight not kept"
-            ))
-        )?;
-    }
-    if let (Some(s), Some(id), false) = (store.as_deref(), episode_id, interrupted) {
-        s.end_episode(id, e.best_speedup())?;
-    }
-    let rejudged = if settings.rejudge && !interrupted {
-        j.rejudge_best()?
-    } else {
-        None
-    };
-    if let Some(again) = rejudged {
-        writeln!(
-            out,
-            "  the best program judged again: {again:.3}x (found at {:.3}x)",
-            e.best_speedup()
-        )?;
-    }
-    let rewritten = rewritten_of(&j.rewritten, j.best_graph);
-    j.found.interrupted = interrupted;
-    let wrote = match out_dir {
-        Some(dir) => {
-            let graph = rewritten.map_or(g, |r| &r.graph);
-            conclude(out, dir, &p.full_name(), j.found, graph, |program| {
-                write_model_new(dir, graph, program, &p.code, rewritten.is_some())
-            })?
+
+    fn dropped(
+        &mut self,
+        _out: &mut dyn std::io::Write,
+        _found: &mut Found,
+        _round: Vec<ToJudge>,
+    ) -> Result<()> {
+        if let Some(p) = self.pending.take() {
+            self.dropped = p.prepared.built();
         }
-        None => j.found.best.is_some(),
-    };
-    Ok(EpisodeResult {
-        best: e.best_speedup(),
-        evaluations: e.step,
-        bests,
-        wrote,
-        rejudged,
-        changed: j.changed,
-        interrupted,
-    })
+        Ok(())
+    }
 }
 
 /// The best program of a finished episode of problem `p` (graph `g`),
@@ -527,10 +643,10 @@ mod tests {
         let mut seen = Vec::new();
         for name in ["H100", "H200"] {
             let spec = find_device(&specs, name).unwrap().clone();
-            let mut judge =
+            let judge =
                 ProblemJudge::with_baselines(false, Duration::from_secs(5), true, &[], false)
                     .on_spec(spec.clone());
-            let j = Judging::new(&p, &g, &mut judge).unwrap();
+            let j = Judging::new(&p, &g, &judge).unwrap();
             let own = PlanProblem::new(&p.full_name(), &g, j.regions.len(), &spec);
             assert_eq!(j.problem.features, own.features, "{name}");
             assert_eq!(j.problem.memory_bound, own.memory_bound, "{name}");

@@ -62,9 +62,51 @@ pub(super) fn failed_running(recorded: &Diagnosis) -> bool {
 }
 
 /// A step's program: judged before (its recorded diagnosis) or built now.
-enum Known {
+pub(super) enum Known {
     Recorded(Diagnosis),
     Built(Result<Program, mtmc_coder::session::Failure>),
+    /// Built, its program handed to the judge (the round's next
+    /// [`ToJudge`]).
+    Judging,
+}
+
+/// A program of a round for the judge: the graph it is built from and the
+/// label its line gives.
+pub(crate) struct ToJudge {
+    pub(super) graph: std::sync::Arc<OpGraph>,
+    pub(super) program: Program,
+    pub(super) label: String,
+}
+
+/// A round as [`Judging::prepare`] leaves it: per configuration asked,
+/// what the store gave, why it did not build, or that it is being judged.
+pub(super) struct Prepared {
+    known: Vec<Known>,
+}
+
+impl Prepared {
+    /// The configurations built now (judged, or failed to build).
+    pub(super) fn built(&self) -> usize {
+        self.known
+            .iter()
+            .filter(|k| !matches!(k, Known::Recorded(_)))
+            .count()
+    }
+}
+
+/// Judges the programs of a round together, one per worker (GPU) at a
+/// time: an outcome each, in order.
+pub(crate) fn judge_round(
+    judge: &mut ProblemJudge,
+    source: &mtmc_env::evaluator::ProblemSource,
+    code: &str,
+    round: &[ToJudge],
+) -> Result<Vec<Outcome>> {
+    let programs: Vec<(&OpGraph, &Program, String)> = round
+        .iter()
+        .map(|t| (&*t.graph, &t.program, t.label.clone()))
+        .collect();
+    judge_programs(judge, source, code, &programs, &builtin_devices())
 }
 
 /// Builds configuration `c` of graph `g` cut into `regions`.
@@ -185,17 +227,18 @@ impl Evaluated {
 
 /// A rewritten graph of a problem (`space::REWRITTEN`) and its regions.
 pub(super) struct Rewritten {
-    pub(super) graph: OpGraph,
+    pub(super) graph: std::sync::Arc<OpGraph>,
     regions: Vec<Vec<u32>>,
     /// The rewrites that changed it.
     pub(super) names: Vec<&'static str>,
 }
 
-/// One problem's judging: its setup (made once per episode), the judge,
-/// and every attempt with the best program so far.
+/// One problem's judging: its setup (made once per episode), and every
+/// attempt with the best program so far for the searches that judge a round
+/// at a time themselves ([`Judging::evaluate`]).
 pub(super) struct Judging<'a> {
     p: &'a mtmc_actions::problem::Problem,
-    g: &'a OpGraph,
+    g: std::sync::Arc<OpGraph>,
     /// Regions for kernels (none where an op has no family: every move is
     /// then a library call).
     pub(super) regions: Vec<Vec<u32>>,
@@ -204,8 +247,9 @@ pub(super) struct Judging<'a> {
     /// The graph the best program so far is built from (`Config::graph`).
     pub(super) best_graph: u8,
     pub(super) problem: PlanProblem,
-    source: mtmc_env::evaluator::ProblemSource,
-    pub(super) judge: &'a mut ProblemJudge,
+    pub(super) source: mtmc_env::evaluator::ProblemSource,
+    /// Whether the judge runs programs on a GPU (else it compiles them).
+    gpu: bool,
     pub(super) found: Found,
     /// Recorded programs judged again because their code changed.
     pub(super) changed: usize,
@@ -223,8 +267,8 @@ type Built = Result<Program, mtmc_coder::session::Failure>;
 impl<'a> Judging<'a> {
     pub(super) fn new(
         p: &'a mtmc_actions::problem::Problem,
-        g: &'a OpGraph,
-        judge: &'a mut ProblemJudge,
+        g: &OpGraph,
+        judge: &ProblemJudge,
     ) -> Result<Judging<'a>> {
         let source = problem_source(p)?;
         let traced = regions(g, true, false).unwrap_or_default();
@@ -237,7 +281,7 @@ impl<'a> Judging<'a> {
                     let regions = regions(&graph, true, false).ok()?;
                     let known = rewritten.iter().flatten().any(|r| r.names == names);
                     (!known).then_some(Rewritten {
-                        graph,
+                        graph: std::sync::Arc::new(graph),
                         regions,
                         names,
                     })
@@ -251,13 +295,13 @@ impl<'a> Judging<'a> {
         }
         Ok(Judging {
             p,
-            g,
+            g: std::sync::Arc::new(g.clone()),
             regions: traced,
             rewritten,
             best_graph: 0,
             problem,
             source,
-            judge,
+            gpu: judge.gpu,
             found: Found::default(),
             changed: 0,
             retry_failed: false,
@@ -275,7 +319,7 @@ impl<'a> Judging<'a> {
         if threads < 2 {
             return;
         }
-        let (g, regions, rewritten) = (self.g, &self.regions, &self.rewritten);
+        let (g, regions, rewritten) = (&*self.g, &self.regions, &self.rewritten);
         let next = std::sync::atomic::AtomicUsize::new(0);
         let built: Vec<(String, Built)> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
@@ -311,7 +355,17 @@ impl<'a> Judging<'a> {
 
     /// The graph configuration `c` is built from, and its regions.
     pub(super) fn graph(&self, c: &Config) -> (&OpGraph, &[Vec<u32>]) {
-        graph_of(self.g, &self.regions, &self.rewritten, c)
+        graph_of(&self.g, &self.regions, &self.rewritten, c)
+    }
+
+    /// The graph configuration `c` is built from, shared.
+    fn graph_shared(&self, c: &Config) -> std::sync::Arc<OpGraph> {
+        rewritten_of(&self.rewritten, c.graph).map_or_else(|| self.g.clone(), |r| r.graph.clone())
+    }
+
+    /// The graph the best program so far is built from.
+    pub(super) fn best_graph(&self) -> &OpGraph {
+        rewritten_of(&self.rewritten, self.best_graph).map_or(&self.g, |r| &r.graph)
     }
 
     /// Builds `next` and says whether this build writes the code its
@@ -334,21 +388,25 @@ impl<'a> Judging<'a> {
         Ok((same, built))
     }
 
-    /// The best program's speedup against eager, judged once more (none
-    /// without a GPU or a correct program; 0 when it is not correct again).
-    pub(super) fn rejudge_best(&mut self) -> Result<Option<f64>> {
-        let Some((_, program, _, _)) = &self.found.best else {
+    /// The best program of `found` (this problem's) judged once more: its
+    /// speedup against eager (none without a GPU or a correct program; 0
+    /// when it is not correct again).
+    pub(super) fn rejudge_best(
+        &self,
+        judge: &mut ProblemJudge,
+        found: &Found,
+    ) -> Result<Option<f64>> {
+        let Some((_, program, _, _)) = &found.best else {
             return Ok(None);
         };
-        if !self.judge.gpu {
+        if !self.gpu {
             return Ok(None);
         }
-        let g = rewritten_of(&self.rewritten, self.best_graph).map_or(self.g, |r| &r.graph);
         let o = judge_programs(
-            self.judge,
+            judge,
             &self.source,
             &self.p.code,
-            &[(g, program, "the best, again".into())],
+            &[(self.best_graph(), program, "the best, again".into())],
             &builtin_devices(),
         )?
         .remove(0);
@@ -361,21 +419,14 @@ impl<'a> Judging<'a> {
         }))
     }
 
-    /// Builds and judges configurations (each `next` reached by its move
-    /// `m`, with a label), or takes their recorded outcomes from `reuse`:
-    /// diagnosis, outcome, fragment hash and code, in the order asked. The
-    /// programs built are judged together, one per worker (GPU) at a time.
-    /// Every attempt and (when best) the program are kept in `found`.
-    /// Once the judge's stop is asked for, the round keeps nothing
-    /// ([`Round::Dropped`]).
-    pub(super) fn evaluate(
+    /// Builds configurations (each `next` reached by its move `m`, with a
+    /// label), or takes their recorded outcomes from `reuse`: what the
+    /// round knows, and the programs to judge, in the order asked.
+    pub(super) fn prepare(
         &mut self,
         reuse: Reuse<'_>,
         asked: &[(Move, Config, String)],
-    ) -> Result<Round> {
-        if self.judge.stop_requested() {
-            return Ok(Round::Dropped(0));
-        }
+    ) -> Result<(Prepared, Vec<ToJudge>)> {
         let mut known = Vec::new();
         for (_, next, _) in asked {
             let recorded = match reuse {
@@ -384,7 +435,7 @@ impl<'a> Judging<'a> {
                 }
                 Reuse::Nothing => None,
             }
-            .filter(|d| reusable(d, self.judge.gpu) && !(self.retry_failed && failed_running(d)));
+            .filter(|d| reusable(d, self.gpu) && !(self.retry_failed && failed_running(d)));
             known.push(match (recorded, reuse) {
                 (Some(d), Reuse::Unchanged(s)) => {
                     let (same, built) = self.same_code(s, next, &d)?;
@@ -399,33 +450,36 @@ impl<'a> Judging<'a> {
                 (None, _) => Known::Built(self.build(next)),
             });
         }
-        let to_judge: Vec<(&OpGraph, &Program, String)> = known
-            .iter()
-            .zip(asked)
-            .filter_map(|(k, (_, next, label))| match k {
-                Known::Built(Ok(program)) => Some((
-                    graph_of(self.g, &self.regions, &self.rewritten, next).0,
+        let mut round = Vec::new();
+        for (k, (_, next, label)) in known.iter_mut().zip(asked) {
+            if matches!(k, Known::Built(Ok(_))) {
+                let Known::Built(Ok(program)) = std::mem::replace(k, Known::Judging) else {
+                    unreachable!("a built program")
+                };
+                round.push(ToJudge {
+                    graph: self.graph_shared(next),
                     program,
-                    label.clone(),
-                )),
-                _ => None,
-            })
-            .collect();
-        let specs = builtin_devices();
-        let judged = judge_programs(self.judge, &self.source, &self.p.code, &to_judge, &specs);
-        if self.judge.stop_requested() {
-            // The signal reaches the workers too (one process group): what
-            // this round judged may be their end, not the code's.
-            let built = known
-                .iter()
-                .filter(|k| matches!(k, Known::Built(_)))
-                .count();
-            return Ok(Round::Dropped(built));
+                    label: label.clone(),
+                });
+            }
         }
-        let mut outcomes = judged?.into_iter();
-        let found = &mut self.found;
+        Ok((Prepared { known }, round))
+    }
+
+    /// The round's evaluations, in the order asked, from what
+    /// [`Judging::prepare`] knew and the outcomes of the programs it gave
+    /// the judge (already counted in `found.judged` and `found.correct`).
+    /// Every attempt and (when best) the program are kept in `found`.
+    pub(super) fn finish(
+        &mut self,
+        found: &mut Found,
+        prepared: Prepared,
+        asked: &[(Move, Config, String)],
+        judged: Vec<(ToJudge, Outcome)>,
+    ) -> Vec<Evaluated> {
+        let mut outcomes = judged.into_iter();
         let mut done = Vec::new();
-        for (k, (m, next, _)) in known.into_iter().zip(asked) {
+        for (k, (m, next, _)) in prepared.known.into_iter().zip(asked) {
             done.push(match k {
                 Known::Recorded(d) => {
                     found.attempts.push(
@@ -454,13 +508,12 @@ impl<'a> Judging<'a> {
                         reused: false,
                     }
                 }
-                Known::Built(Ok(program)) => {
-                    let o = outcomes.next().expect("an outcome per program judged");
-                    found.judged += 1;
-                    found.correct += usize::from(o.status == Status::Correct);
+                Known::Built(Ok(_)) => unreachable!("a built program is handed to the judge"),
+                Known::Judging => {
+                    let (t, o) = outcomes.next().expect("an outcome per program judged");
                     let d = Diagnosis::of(&o, self.problem.bound());
-                    let (hash, code) = fragments(&program);
-                    if keep_best(found, &program, &o, next) {
+                    let (hash, code) = fragments(&t.program);
+                    if keep_best(found, &t.program, &o, next) {
                         self.best_graph = next.graph;
                     }
                     found.attempts.push(
@@ -477,6 +530,42 @@ impl<'a> Judging<'a> {
                 }
             });
         }
+        done
+    }
+
+    /// A round judged here, for the searches that walk rounds themselves
+    /// (exhaustive, rejudge): [`Judging::prepare`], the programs judged
+    /// together, [`Judging::finish`] into `self.found`. Once the judge's
+    /// stop is asked for, the round keeps nothing ([`Round::Dropped`]).
+    pub(super) fn evaluate(
+        &mut self,
+        judge: &mut ProblemJudge,
+        reuse: Reuse<'_>,
+        asked: &[(Move, Config, String)],
+    ) -> Result<Round> {
+        if judge.stop_requested() {
+            return Ok(Round::Dropped(0));
+        }
+        let (prepared, round) = self.prepare(reuse, asked)?;
+        let judged = judge_round(judge, &self.source, &self.p.code, &round);
+        if judge.stop_requested() {
+            // The signal reaches the workers too (one process group): what
+            // this round judged may be their end, not the code's.
+            return Ok(Round::Dropped(prepared.built()));
+        }
+        let outcomes = judged?;
+        let mut found = std::mem::take(&mut self.found);
+        for o in &outcomes {
+            found.judged += 1;
+            found.correct += usize::from(o.status == Status::Correct);
+        }
+        let done = self.finish(
+            &mut found,
+            prepared,
+            asked,
+            round.into_iter().zip(outcomes).collect(),
+        );
+        self.found = found;
         Ok(Round::Judged(done))
     }
 }

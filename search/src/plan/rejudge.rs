@@ -110,7 +110,7 @@ pub fn rejudge_problem(
         // What a rejudge would judge: the programs whose code changed and,
         // on a GPU, those recorded where no GPU timed them.
         for c in &walk {
-            if j.judge.stop_requested() {
+            if judge.stop_requested() {
                 out.interrupted = true;
                 break;
             }
@@ -127,13 +127,13 @@ pub fn rejudge_problem(
         }
         return Ok(out);
     }
-    let per = j.judge.in_flight().max(1);
+    let per = judge.in_flight().max(1);
     for round in walk.chunks(per) {
         let asked: Vec<(Move, Config, String)> = round
             .iter()
             .map(|c| (Move::Stop, c.clone(), c.key()))
             .collect();
-        let evaluated = match j.evaluate(Reuse::Unchanged(&*store), &asked)? {
+        let evaluated = match j.evaluate(judge, Reuse::Unchanged(&*store), &asked)? {
             Round::Judged(e) => e,
             Round::Dropped(n) => {
                 out.interrupted = true;
