@@ -99,10 +99,11 @@ BESIDE_SHARE, MIN_BESIDE = 0.2, 20
 # Beside the candidate eager may take at most this much longer than alone,
 # or its time alone is the baseline.
 PAIRED_SLOWER_AT_MOST = 1.05
-# The judge's L2 flush right after a candidate's call may take at most this
-# much longer than one right after a call that does nothing, in the same
-# steps (and at least BUSY_MARGIN_MS more): a flush that takes longer shares
-# the GPU with work the candidate left running. Where fewer than MIN_AFTER
+# The judge's L2 flushes right after a candidate's calls (their lower
+# quartile) may take at most this much longer than those right after a
+# call that does nothing (their median), in the same steps (and at least
+# BUSY_MARGIN_MS more): flushes that take longer share the GPU with work
+# the candidate left running. Where fewer than MIN_AFTER
 # of either were timed (eager not beside), every flush while the
 # candidate's process lived is compared with one with none.
 BUSY_RATIO, BUSY_MARGIN_MS, MIN_AFTER = 1.5, 0.05, 8
@@ -478,6 +479,17 @@ def median(xs):
     if n == 0:
         return 0.0
     return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+def lower_quartile(xs):
+    """The 25th percentile of `xs` (linear between the nearest two)."""
+    ordered = sorted(xs)
+    if not ordered:
+        return 0.0
+    k = 0.25 * (len(ordered) - 1)
+    i = int(k)
+    j = min(i + 1, len(ordered) - 1)
+    return ordered[i] + (ordered[j] - ordered[i]) * (k - i)
 
 
 def compare(refs, outs, atol, rtol, min_scale_ratio, scale_slack=False):
@@ -1858,6 +1870,31 @@ def flushes_after(records):
     return after
 
 
+def flush_reading(records, cal):
+    """What the judge's L2 flushes say of the work a candidate left
+    running between its calls: the figure read after its calls, the one
+    it is held against, and the sentence that says which they are."""
+    after = flushes_after(records)
+    if len(after.get("candidate", [])) >= MIN_AFTER and len(after.get("null", [])) >= MIN_AFTER:
+        # Like for like: a flush right after another process's call waits
+        # for the GPU to switch to the judge. Beside a neighbour's work
+        # (another process's kernels on the same GPU) some flushes wait
+        # for its turn too, after any call: the lower quartile after the
+        # candidate's calls is read, which work it leaves running after
+        # every call still raises.
+        busy, clean = lower_quartile(after["candidate"]), median(after["null"])
+        return busy, clean, f"right after its calls took {busy:.3f} ms (lower quartile of {len(after['candidate'])}), right after a call that does nothing {clean:.3f} ms (median)"
+    busy = median([r["flush_ms"] for r in records if r.get("flush_ms") is not None])
+    clean = cal["flush_ms"]
+    return busy, clean, f"took {busy:.3f} ms (median) while its process lived, {clean:.3f} ms with none"
+
+
+def left_running(busy, clean):
+    """Whether flushes of `busy` ms against `clean` ms say the GPU was busy
+    with the candidate's work between its calls."""
+    return busy > max(BUSY_RATIO * clean, clean + BUSY_MARGIN_MS)
+
+
 def between_calls(records, cal):
     """Per step, who is charged with how long the judge's L2 flushes of the
     step waited for the GPU beyond a flush with no candidate (less
@@ -2228,19 +2265,9 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     if watch_flushes:
         charged = [extra for who, extra in between_calls(records, cal).values() if who == "candidate"]
         outcome["integrity"]["between_ms"] = sum(charged) / len(charged) if charged else 0.0
-        after = flushes_after(records)
-        if len(after.get("candidate", [])) >= MIN_AFTER and len(after.get("null", [])) >= MIN_AFTER:
-            # Like for like: a flush right after another process's call
-            # waits for the GPU to switch to the judge, and beside a
-            # neighbour's work for that too, whoever called.
-            busy, clean = median(after["candidate"]), median(after["null"])
-            where = f"right after its calls took {busy:.3f} ms (median of {len(after['candidate'])}), right after a call that does nothing {clean:.3f} ms"
-        else:
-            busy = median([r["flush_ms"] for r in records if r.get("flush_ms") is not None])
-            clean = cal["flush_ms"]
-            where = f"took {busy:.3f} ms (median) while its process lived, {clean:.3f} ms with none"
+        busy, clean, where = flush_reading(records, cal)
         outcome["integrity"]["flush_ms"] = busy
-        if busy > max(BUSY_RATIO * clean, clean + BUSY_MARGIN_MS):
+        if left_running(busy, clean):
             outcome.pop("runtime", None)
             outcome.update(status="incorrect", failed_check="work_between_calls", why=f"the GPU was busy with the candidate's work between its calls: the judge's L2 flush {where}")
             return outcome

@@ -212,8 +212,11 @@ impl Evaluator for WorkerEvaluator {
         let mut outcome = self.judge(name, code, problem).await?;
         // The worker keeps the reference outputs on the GPU when they take
         // at most about half of its memory; a candidate that needs more than
-        // the rest is judged once more with them recomputed for each check
-        // (a fresh worker: out of memory, the old one was replaced).
+        // the rest is judged once more with them recomputed for each check,
+        // by a fresh worker: the old one's memory (the kept outputs, its
+        // inputs' pool, what it shared with runners it killed) is gone with
+        // its process, not left to its allocator (on an H200 the old judge
+        // still held 72 GiB when the candidate was judged again in it).
         if outcome.status == Status::RuntimeError
             && self.references_kept
             && outcome
@@ -223,6 +226,7 @@ impl Evaluator for WorkerEvaluator {
         {
             self.settings.recompute_references = true;
             self.prepared = None;
+            self.slot.discard();
             let again = self.judge(name, code, problem).await;
             self.settings.recompute_references = false;
             // The worker's reference side is now the recomputing one.

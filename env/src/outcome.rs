@@ -550,6 +550,29 @@ pub fn plausible_floor(graph: &OpGraph, device: &DeviceSpec) -> f64 {
 mod tests {
     use super::*;
 
+    /// A time the worker wrote (Python's shortest repr) reads back as the
+    /// same double and is written again with the same digits: a report
+    /// and the baseline cache it was taken from agree to the last digit.
+    #[test]
+    fn times_are_read_and_written_to_the_last_digit() {
+        for text in [
+            "3.1685925499912146",
+            "0.30000000000000004",
+            "1.7976931348623157e308",
+        ] {
+            let x: f64 = text.parse().unwrap();
+            let read: f64 = serde_json::from_str(text).unwrap();
+            assert_eq!(read.to_bits(), x.to_bits(), "{text}");
+            assert_eq!(
+                serde_json::to_string(&read)
+                    .unwrap()
+                    .parse::<f64>()
+                    .unwrap(),
+                x
+            );
+        }
+    }
+
     #[test]
     fn non_finite_figures_survive_json() {
         let mut o = Outcome::new(EvaluatorKind::Native, Status::Incorrect);

@@ -530,6 +530,7 @@ async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomput
     assert_eq!(o.status, Status::Correct, "{o:?}");
     assert!(o.references_recomputed, "{o:?}");
     assert!(!ev.settings.recompute_references);
+    assert_eq!(ev.slot.starts, 2, "judged again by a fresh judge");
     let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
     assert_eq!(o.status, Status::Correct, "{o:?}");
     assert!(!o.references_recomputed, "{o:?}");

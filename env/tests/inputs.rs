@@ -5,7 +5,8 @@
 //! distributions, same addresses, new values), drawn by `get_inputs()`
 //! again otherwise, and kept at one address per input (the slots the GPU
 //! stage uses) unless inputs share memory; and the judge's own Triton
-//! kernels, in Triton's interpreter.
+//! kernels, in Triton's interpreter; and its reading of the L2 flushes
+//! between a candidate's calls.
 
 mod common;
 use common::torch_python;
@@ -27,6 +28,21 @@ fn run_script(python: std::ffi::OsString, script: &str) -> (Option<i32>, String)
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code(), text)
+}
+
+/// The judge's reading of its L2 flushes between a candidate's calls
+/// (`tests/inputs/flushes.py`): an honest candidate on a GPU another
+/// process shares (flushes as an H200 shared by 20 processes timed them)
+/// is not failed, work left running after every call is, on a quiet GPU
+/// and a shared one.
+#[test]
+fn flushes_fail_work_left_running_and_not_a_shared_gpu() {
+    let Some(python) = torch_python() else {
+        return;
+    };
+    let (code, text) = run_script(python, "flushes.py");
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(passed(&text), 7, "{text}");
 }
 
 /// How many checks a script's output says passed.

@@ -5,7 +5,8 @@
 //! (`optimize::llm::LlmPlanner`) propose one program at a time
 //! ([`OneAtATime`]); the planned episode (`plan::episode::EpisodePlanner`)
 //! proposes a round of configurations, one per worker, taking recorded
-//! outcomes from the store where it may.
+//! outcomes from the store where it may; the exhaustive walks
+//! (`plan::enumerate`) propose rounds in an order fixed ahead.
 //!
 //! Ctrl-C is read between steps: at the top of each step, and after a
 //! judged program, whose outcome is then not kept (the signal reaches the

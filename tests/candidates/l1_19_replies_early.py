@@ -1,7 +1,7 @@
 # Cheats on purpose: turns every synchronization in its process into a
 # no-op, so that its runner says "done" while twenty ReLUs are still queued
-# on the GPU. The work left running must count: its time is about twenty
-# times a ReLU's, never less than one's.
+# on the GPU. The work left running must count (its time is about twenty
+# times a ReLU's, never less than one's) or fail it (work_between_calls).
 import torch
 import torch.nn as nn
 

@@ -369,7 +369,7 @@ fn attention_written_op_by_op_becomes_one_call() {
     // with -inf, inactive dropout. L3/31 (torch's multi-head
     // attention, written out): the scale on q.
     for (level, name, scale, masked) in [
-        (3, "44_MiniGPTBlock", 0.10206207261596575, true),
+        (3, "44_MiniGPTBlock", 0.10206207261596577, true),
         (3, "31_VisionAttention", 0.17677669529663687, false),
     ] {
         let g = traced(level, name);

@@ -1,17 +1,21 @@
 //! Exhaustive enumeration of a problem's programs (the recorded tree),
-//! and its extension beyond the recorded moves (`exhaustive-beyond`).
+//! and its extension beyond the recorded moves (`exhaustive-beyond`):
+//! walks in an order fixed ahead, each a planner of the search loop
+//! ([`crate::steps::run`]).
 
 use anyhow::{Result, bail};
 use mtmc_actions::graph::OpGraph;
+use mtmc_env::outcome::Outcome;
 use mtmc_planner::episode::{Episode, Reward};
 use mtmc_planner::features::{Problem as PlanProblem, observe};
 use mtmc_planner::space::{ACTIONS, Config, Move};
 use mtmc_planner::store::{Store, correct_speedup, now};
 
 use super::episode::EpisodeResult;
-use super::judging::{Evaluated, Judging, Reuse, Round};
+use super::judging::{Evaluated, Judging, Prepared, Reuse, ToJudge, judge_round};
 use super::split::Split;
 use crate::optimize::ProblemJudge;
+use crate::steps::{Found, Proposal};
 
 /// Exhaustive search within the budget: every program reachable from the
 /// library one, in breadth-first order of the moves that reach it (nearest
@@ -26,58 +30,80 @@ pub fn enumerate_problem(
     budget: usize,
     rec: &mut Recording<'_>,
 ) -> Result<EpisodeResult> {
-    let mut j = Judging::new(p, g, judge)?;
+    let j = Judging::new(p, g, judge)?;
     let open = rec.begin(&j, "exhaustive")?;
-    let (problem, prior) = (&open.problem, &open.prior);
-    let reward = Reward::default();
-    let mut e = Episode::new(problem.shape, budget);
-    let start = Config::library(problem.shape);
-    let mut queue = std::collections::VecDeque::from([(
-        start.clone(),
-        Move::CallLibrary(mtmc_planner::space::Slot::All),
-        start,
-    )]);
-    let mut queued: std::collections::BTreeSet<String> = ["library".to_string()].into();
-    let mut bests = Vec::new();
-    let mut interrupted = false;
-    while e.step < budget && !queue.is_empty() && !interrupted {
-        // Up to one program per worker, in breadth-first order.
-        let take = judge.in_flight().min(budget - e.step).min(queue.len());
-        let round: Vec<(Config, Move, Config)> = queue.drain(..take).collect();
-        let started = now();
-        let asked: Vec<(Move, Config, String)> = round
-            .iter()
-            .map(|(_, m, next)| (*m, next.clone(), format!("{} -> {}", m.label(), next.key())))
-            .collect();
-        let judged = match j.evaluate(
-            judge,
-            Reuse::of(Some(&*rec.store), true, rec.rejudge_changed),
-            &asked,
-        )? {
-            Round::Judged(judged) => judged,
-            Round::Dropped(_) => {
-                interrupted = true;
-                break;
-            }
-        };
-        for ((ev, (parent, m, next)), (_, _, label)) in judged.into_iter().zip(round).zip(&asked) {
-            e.config = parent.clone();
-            let obs = observe(problem, &e, prior);
-            let r = e.record(m, next.clone(), ev.diagnosis.clone(), &reward);
-            bests.push(e.best_speedup());
-            rec.step(
-                out, &open, ev, &e, &parent, m, &next, label, r, obs, started,
-            )?;
-            for m in Move::all().filter(|&m| m != Move::Stop) {
-                if let Some(c) = next.apply(m, problem.shape)
-                    && queued.insert(c.key())
-                {
-                    queue.push_back((next.clone(), m, c));
-                }
+    let start = Config::library(open.problem.shape);
+    let walk = Exhaustive {
+        e: Episode::new(open.problem.shape, budget),
+        budget,
+        queue: [(
+            start.clone(),
+            Move::CallLibrary(mtmc_planner::space::Slot::All),
+            start,
+        )]
+        .into(),
+        queued: ["library".to_string()].into(),
+    };
+    let reuse = Reusing {
+        reuse: true,
+        changed: rec.rejudge_changed,
+    };
+    walk_problem(out, p, judge, j, rec, open, walk, reuse)
+}
+
+/// The exhaustive walk: the queue of programs to judge, breadth first,
+/// each with the program and move that reach it, and the episode that
+/// records them.
+struct Exhaustive {
+    e: Episode,
+    budget: usize,
+    queue: std::collections::VecDeque<(Config, Move, Config)>,
+    /// The keys of every configuration queued so far.
+    queued: std::collections::BTreeSet<String>,
+}
+
+impl Walk for Exhaustive {
+    fn done(&self) -> bool {
+        self.e.step >= self.budget || self.queue.is_empty()
+    }
+
+    fn best(&self) -> f64 {
+        self.e.best_speedup()
+    }
+
+    fn round(&mut self, slots: usize) -> Vec<(Step, String)> {
+        let take = slots.min(self.budget - self.e.step).min(self.queue.len());
+        self.queue
+            .drain(..take)
+            .map(|step| {
+                let label = format!("{} -> {}", step.1.label(), step.2.key());
+                (step, label)
+            })
+            .collect()
+    }
+
+    fn judged(&mut self, open: &Opened, (parent, m, next): Step, ev: &Evaluated) -> Walked<'_> {
+        let shape = open.problem.shape;
+        let e = &mut self.e;
+        e.config = parent.clone();
+        let obs = observe(&open.problem, e, &open.prior);
+        let reward = e.record(m, next.clone(), ev.diagnosis.clone(), &Reward::default());
+        for m in Move::all().filter(|&m| m != Move::Stop) {
+            if let Some(c) = next.apply(m, shape)
+                && self.queued.insert(c.key())
+            {
+                self.queue.push_back((next.clone(), m, c));
             }
         }
+        Walked {
+            e,
+            parent,
+            m,
+            next,
+            reward,
+            obs,
+        }
     }
-    rec.end(&j, &open, e.best_speedup(), e.step, bests, interrupted)
 }
 
 /// The library program's configuration, then those of the recorded
@@ -169,8 +195,7 @@ pub fn extend_problem(
     let mut j = Judging::new(p, g, judge)?;
     let recorded = rec.store.evaluations(&j.problem.name)?;
     let open = rec.begin(&j, BEYOND)?;
-    let (problem, prior) = (&open.problem, &open.prior);
-    let shape = problem.shape;
+    let shape = open.problem.shape;
     let moves = kinds_mask("--beyond", beyond.kinds)?;
     // The unrecorded programs a move of `kinds` makes from a correct
     // recorded one that the library program reaches, with the parent's
@@ -200,52 +225,283 @@ pub fn extend_problem(
     candidates.truncate(budget);
     let ahead: Vec<Config> = candidates.iter().map(|(.., next)| next.clone()).collect();
     j.prebuild(&ahead);
-    let reward = Reward::default();
-    let mut best = recorded
+    let best = recorded
         .values()
         .filter_map(correct_speedup)
         .fold(0.0, f64::max);
-    let mut bests = Vec::new();
-    let mut done = 0;
-    let mut interrupted = false;
-    while done < candidates.len() && !interrupted {
-        let take = judge.in_flight().min(candidates.len() - done);
-        let round = &candidates[done..done + take];
-        done += take;
-        let started = now();
-        let asked: Vec<(Move, Config, String)> = round
-            .iter()
-            .map(|(_, _, parent, m, next)| {
-                (
-                    *m,
-                    next.clone(),
-                    format!("{} -> {} -> {}", parent.key(), m.label(), next.key()),
-                )
+    let walk = Extending {
+        candidates: candidates
+            .into_iter()
+            .map(|(.., parent, m, next)| (parent, m, next))
+            .collect(),
+        recorded,
+        best,
+        e: Episode::new(shape, 0),
+    };
+    walk_problem(
+        out,
+        p,
+        judge,
+        j,
+        rec,
+        open,
+        walk,
+        Reusing {
+            reuse: false,
+            changed: false,
+        },
+    )
+}
+
+/// The walk beyond the recorded programs: the unrecorded programs to
+/// judge in order, each with the recorded parent and the move that make
+/// it, and the best speedup so far (the recorded programs' to start).
+struct Extending {
+    candidates: std::collections::VecDeque<(Config, Move, Config)>,
+    /// The recorded diagnoses, by key.
+    recorded: std::collections::BTreeMap<String, mtmc_planner::critique::Diagnosis>,
+    best: f64,
+    /// The episode of the last step judged.
+    e: Episode,
+}
+
+impl Walk for Extending {
+    fn done(&self) -> bool {
+        self.candidates.is_empty()
+    }
+
+    fn best(&self) -> f64 {
+        self.best
+    }
+
+    fn round(&mut self, slots: usize) -> Vec<(Step, String)> {
+        let take = slots.min(self.candidates.len());
+        self.candidates
+            .drain(..take)
+            .map(|step| {
+                let label = format!("{} -> {} -> {}", step.0.key(), step.1.label(), step.2.key());
+                (step, label)
             })
-            .collect();
-        let judged = match j.evaluate(judge, Reuse::Nothing, &asked)? {
-            Round::Judged(judged) => judged,
-            Round::Dropped(_) => {
-                done -= take;
-                interrupted = true;
-                break;
-            }
-        };
-        for (ev, ((_, _, parent, m, next), (_, _, label))) in
-            judged.into_iter().zip(round.iter().zip(&asked))
-        {
-            // An episode at its second step, the parent its best so far.
-            let mut e = Episode::new(shape, mtmc_planner::ppo::PpoConfig::default().max_steps);
-            let parent_diagnosis = recorded[&parent.key()].clone();
-            e.record(Move::Stop, parent.clone(), parent_diagnosis, &reward);
-            let obs = observe(problem, &e, prior);
-            let r = e.record(*m, next.clone(), ev.diagnosis.clone(), &reward);
-            best = best.max(correct_speedup(&ev.diagnosis).unwrap_or(0.0));
-            bests.push(best);
-            rec.step(out, &open, ev, &e, parent, *m, next, label, r, obs, started)?;
+            .collect()
+    }
+
+    fn judged(&mut self, open: &Opened, (parent, m, next): Step, ev: &Evaluated) -> Walked<'_> {
+        // An episode at its second step, the parent its best so far.
+        let reward = Reward::default();
+        self.e = Episode::new(
+            open.problem.shape,
+            mtmc_planner::ppo::PpoConfig::default().max_steps,
+        );
+        let parent_diagnosis = self.recorded[&parent.key()].clone();
+        self.e
+            .record(Move::Stop, parent.clone(), parent_diagnosis, &reward);
+        let obs = observe(&open.problem, &self.e, &open.prior);
+        let reward = self
+            .e
+            .record(m, next.clone(), ev.diagnosis.clone(), &reward);
+        self.best = self.best.max(correct_speedup(&ev.diagnosis).unwrap_or(0.0));
+        Walked {
+            e: &self.e,
+            parent,
+            m,
+            next,
+            reward,
+            obs,
         }
     }
-    rec.end(&j, &open, best, done, bests, interrupted)
+}
+
+/// A step of a walk: the program it starts from, the move, the program
+/// it judges.
+type Step = (Config, Move, Config);
+
+/// A walk over a problem's programs in an order fixed ahead (exhaustive,
+/// beyond the recorded moves): the planner of [`walk_problem`]'s loop.
+trait Walk {
+    /// Whether nothing is left to judge.
+    fn done(&self) -> bool;
+
+    /// The best speedup so far.
+    fn best(&self) -> f64;
+
+    /// The next round, up to `slots` steps, each with its label.
+    fn round(&mut self, slots: usize) -> Vec<(Step, String)>;
+
+    /// `step`, evaluated as `ev`: the walk's episode records it.
+    fn judged(&mut self, open: &Opened, step: Step, ev: &Evaluated) -> Walked<'_>;
+}
+
+/// A step of a [`Walk`] as it is recorded: the episode that recorded it,
+/// the move from `parent` to `next`, its reward and the observation it was
+/// made from.
+struct Walked<'e> {
+    e: &'e Episode,
+    parent: Config,
+    m: Move,
+    next: Config,
+    reward: f64,
+    obs: Vec<f32>,
+}
+
+/// What a walk takes from the store: recorded outcomes (`reuse`), only
+/// those whose code is unchanged (`changed`); see [`Reuse::of`].
+#[derive(Clone, Copy)]
+struct Reusing {
+    reuse: bool,
+    changed: bool,
+}
+
+/// Walks `walk` over problem `p` on the search loop ([`crate::steps::run`]),
+/// a round of up to one program per worker at a time, each step printed
+/// and recorded in the episode `open` of `rec`.
+#[allow(clippy::too_many_arguments)]
+fn walk_problem<W: Walk>(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    judge: &mut ProblemJudge,
+    j: Judging<'_>,
+    rec: &mut Recording<'_>,
+    open: Opened,
+    walk: W,
+    reuse: Reusing,
+) -> Result<EpisodeResult> {
+    let source = j.source.clone();
+    let mut walking = Walking {
+        j,
+        rec,
+        open,
+        walk,
+        reuse,
+        slots: judge.in_flight(),
+        pending: None,
+        steps: 0,
+        bests: Vec::new(),
+    };
+    let stopped = judge.stop_flag();
+    let found = crate::steps::run(out, &mut walking, &stopped, |round| {
+        judge_round(judge, &source, &p.code, round)
+    })?;
+    let best = walking.walk.best();
+    let Walking {
+        j,
+        rec,
+        open,
+        steps,
+        bests,
+        ..
+    } = walking;
+    rec.end(&j, &open, best, steps, bests, &found)
+}
+
+/// A [`Walk`] as the search loop's planner.
+struct Walking<'a, 'r, 's, W: Walk> {
+    j: Judging<'a>,
+    rec: &'r mut Recording<'s>,
+    open: Opened,
+    walk: W,
+    reuse: Reusing,
+    /// Programs in flight at once (one per worker).
+    slots: usize,
+    /// The round in flight.
+    pending: Option<InFlight>,
+    /// Steps recorded, and the best speedup after each.
+    steps: usize,
+    bests: Vec<f64>,
+}
+
+/// A walk's round in flight: its steps, what was asked of the judging
+/// (with the labels), what it knew before judging, when it started.
+struct InFlight {
+    steps: Vec<Step>,
+    asked: Vec<(Move, Config, String)>,
+    prepared: Prepared,
+    started: f64,
+}
+
+impl<W: Walk> crate::steps::Planner for Walking<'_, '_, '_, W> {
+    type Candidate = ToJudge;
+
+    fn done(&self) -> bool {
+        self.walk.done()
+    }
+
+    fn propose(
+        &mut self,
+        _out: &mut dyn std::io::Write,
+        _found: &mut Found,
+        _stopped: &dyn Fn() -> bool,
+    ) -> Result<Proposal<ToJudge>> {
+        let started = now();
+        let (steps, labels): (Vec<Step>, Vec<String>) =
+            self.walk.round(self.slots).into_iter().unzip();
+        let asked: Vec<(Move, Config, String)> = steps
+            .iter()
+            .zip(labels)
+            .map(|((_, m, next), label)| (*m, next.clone(), label))
+            .collect();
+        let reuse = Reuse::of(Some(&*self.rec.store), self.reuse.reuse, self.reuse.changed);
+        let (prepared, to_judge) = self.j.prepare(reuse, &asked)?;
+        self.pending = Some(InFlight {
+            steps,
+            asked,
+            prepared,
+            started,
+        });
+        Ok(Proposal::Judge(to_judge))
+    }
+
+    fn judged(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        found: &mut Found,
+        round: Vec<(ToJudge, Outcome)>,
+    ) -> Result<()> {
+        let InFlight {
+            steps,
+            asked,
+            prepared,
+            started,
+        } = self
+            .pending
+            .take()
+            .expect("an outcome follows a proposed round");
+        let judged = self.j.finish(found, prepared, &asked, round);
+        for ((ev, step), (_, _, label)) in judged.into_iter().zip(steps).zip(&asked) {
+            let w = self.walk.judged(&self.open, step, &ev);
+            self.steps += 1;
+            writeln!(
+                out,
+                "  {label}: {} (reward {:+.3})",
+                ev.diagnosis.text(),
+                w.reward
+            )?;
+            let record = ev.step(
+                self.open.id,
+                w.e,
+                w.parent.key(),
+                w.obs,
+                w.m,
+                &w.next,
+                w.reward,
+                started,
+            )?;
+            self.rec
+                .store
+                .add_step(&self.open.problem, self.rec.version, &record)?;
+            self.bests.push(self.walk.best());
+        }
+        Ok(())
+    }
+
+    fn dropped(
+        &mut self,
+        _out: &mut dyn std::io::Write,
+        _found: &mut Found,
+        _round: Vec<ToJudge>,
+    ) -> Result<()> {
+        self.pending = None;
+        Ok(())
+    }
 }
 
 /// Where an enumerating episode (`enumerate_problem`, `extend_problem`)
@@ -288,36 +544,9 @@ impl Recording<'_> {
         Ok(Opened { problem, prior, id })
     }
 
-    /// Prints the step that judged `next` (reached from `parent` by `m`;
-    /// `e` has recorded it) and records it.
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &mut self,
-        out: &mut dyn std::io::Write,
-        open: &Opened,
-        ev: Evaluated,
-        e: &Episode,
-        parent: &Config,
-        m: Move,
-        next: &Config,
-        label: &str,
-        reward: f64,
-        obs: Vec<f32>,
-        started: f64,
-    ) -> Result<()> {
-        writeln!(
-            out,
-            "  {label}: {} (reward {reward:+.3})",
-            ev.diagnosis.text()
-        )?;
-        let record = ev.step(open.id, e, parent.key(), obs, m, next, reward, started)?;
-        self.store.add_step(&open.problem, self.version, &record)?;
-        Ok(())
-    }
-
     /// Ends the episode with `best` after `evaluations` steps; `bests`
-    /// holds the best speedup after each. An episode a signal stopped
-    /// (`interrupted`) is left unfinished: its steps are kept, and the
+    /// holds the best speedup after each, `found` what the loop found. An
+    /// episode a signal stopped (`found.interrupted`) is left unfinished: its steps are kept, and the
     /// next run of its planner runs it again.
     fn end(
         &mut self,
@@ -326,8 +555,9 @@ impl Recording<'_> {
         best: f64,
         evaluations: usize,
         bests: Vec<f64>,
-        interrupted: bool,
+        found: &Found,
     ) -> Result<EpisodeResult> {
+        let interrupted = found.interrupted;
         if !interrupted {
             self.store.end_episode(open.id, best)?;
         }
@@ -335,7 +565,7 @@ impl Recording<'_> {
             best,
             evaluations,
             bests,
-            wrote: j.found.best.is_some(),
+            wrote: found.best.is_some(),
             rejudged: None,
             changed: j.changed,
             interrupted,

@@ -235,7 +235,7 @@ pub(super) struct Rewritten {
 
 /// One problem's judging: its setup (made once per episode), and every
 /// attempt with the best program so far for the searches that judge a round
-/// at a time themselves ([`Judging::evaluate`]).
+/// at a time themselves ([`Judging::evaluate`], `rejudge`).
 pub(super) struct Judging<'a> {
     p: &'a mtmc_actions::problem::Problem,
     g: std::sync::Arc<OpGraph>,
@@ -533,8 +533,8 @@ impl<'a> Judging<'a> {
         done
     }
 
-    /// A round judged here, for the searches that walk rounds themselves
-    /// (exhaustive, rejudge): [`Judging::prepare`], the programs judged
+    /// A round judged here, for `rejudge`, which walks recorded programs
+    /// itself: [`Judging::prepare`], the programs judged
     /// together, [`Judging::finish`] into `self.found`. Once the judge's
     /// stop is asked for, the round keeps nothing ([`Round::Dropped`]).
     pub(super) fn evaluate(
