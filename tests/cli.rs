@@ -1406,3 +1406,74 @@ fn optimize_writes_triton_kernels_for_problems() {
         out.error
     );
 }
+
+/// A problem with no graph (a model that keeps state across calls, whose
+/// trace does not import) still gets a program: its whole forward as the
+/// problem's own code, said so, written with its report; a planner, which
+/// has nothing to choose there, says where to go instead.
+#[test]
+fn a_problem_with_no_graph_is_written_as_its_own_forward() {
+    let Some(python) = torch_python() else { return };
+    let checkout = tempfile::tempdir().unwrap();
+    let level1 = checkout.path().join("level1");
+    std::fs::create_dir(&level1).unwrap();
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/coder/tests/opaque/stateful.py"
+        ),
+        level1.join("1_Stateful.py"),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let kb = checkout.path().to_str().unwrap();
+    let run = mtmc(&[
+        "optimize",
+        "L1/1",
+        "--kernelbench",
+        kb,
+        "--out",
+        out_dir.path().to_str().unwrap(),
+    ])
+    .env("MTMC_PYTHON", &python)
+    .env("MTMC_CACHE_DIR", cache.path())
+    .success();
+    assert!(
+        run.stdout.contains(
+            "no graph (malformed trace at node `hidden`: call produced no tensor): the whole forward stays the problem's own PyTorch code"
+        ),
+        "{}",
+        run.stdout
+    );
+    let code = std::fs::read_to_string(out_dir.path().join("model_new.py")).unwrap();
+    assert!(
+        code.contains("return self.reference_parameters(*args, **kwargs)"),
+        "{code}"
+    );
+    let report = read_json(&out_dir.path().join("report.json"));
+    assert_eq!(
+        report["whole_forward"],
+        "malformed trace at node `hidden`: call produced no tensor"
+    );
+    let planned = mtmc(&[
+        "optimize",
+        "L1/1",
+        "--kernelbench",
+        kb,
+        "--planner",
+        "random",
+        "--out",
+        out_dir.path().join("planned").to_str().unwrap(),
+    ])
+    .env("MTMC_PYTHON", &python)
+    .env("MTMC_CACHE_DIR", cache.path())
+    .failure();
+    assert!(
+        planned
+            .stderr
+            .contains("without --planner writes its whole forward"),
+        "{}",
+        planned.stderr
+    );
+}

@@ -102,7 +102,52 @@ pub enum Op {
         target: String,
         /// Why it is opaque.
         reason: String,
+        /// The call as the trace recorded it, for the export to make it
+        /// again (`None` where the graph did not come from a trace).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call: Option<Box<OpaqueCall>>,
     },
+}
+
+/// A traced call the op vocabulary does not model, as it was made: the
+/// problem's own code for that part of the graph.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OpaqueCall {
+    /// How it was called.
+    pub kind: CallKind,
+    /// A module's path in the model (`blocks.0.attn`), a function's
+    /// qualified name (`torch.special.bessel_j0`), or a method's name
+    /// (`unfold`, called on the first argument).
+    pub target: String,
+    /// Positional arguments.
+    pub args: Vec<CallArg>,
+    /// Keyword arguments, in the trace's order.
+    pub kwargs: Vec<(String, CallArg)>,
+}
+
+/// How an [`OpaqueCall`] was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    /// A submodule of the model, called.
+    Module,
+    /// A function.
+    Function,
+    /// A method of its first argument.
+    Method,
+}
+
+/// One argument of an [`OpaqueCall`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallArg {
+    /// The node's input of this index (a tensor of the graph).
+    Input(usize),
+    /// A tuple or list of arguments.
+    Tuple(Vec<CallArg>),
+    /// A constant as the trace encodes it (a number, string, bool, null,
+    /// or an object such as `{"dtype": "float32"}` or `{"slice": [...]}`).
+    Const(serde_json::Value),
 }
 
 /// What a [`Op::Constant`] holds.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use mtmc_actions::import::{ImportError, import_trace, parse_trace};
-use mtmc_actions::op::{Fill, NormKind, Op, OpClass, ReduceOp};
+use mtmc_actions::op::{CallArg, CallKind, Fill, NormKind, Op, OpClass, OpaqueCall, ReduceOp};
 use mtmc_actions::{OpGraph, graph_cost, node_cost};
 
 const FIXTURES: &str = mtmc_actions::import::SHARED_TRACES;
@@ -211,11 +211,18 @@ fn an_unknown_call_becomes_an_opaque_node_with_its_inputs() {
     );
     let g = import_trace(&parse_trace(&text).unwrap()).unwrap().graph;
     let (id, n) = g.opaque_nodes().next().expect("the call is kept");
+    // The call kept as it was made, for the export to make it again.
     assert_eq!(
         n.op,
         Op::Opaque {
             target: "torch.special.bessel_j0".into(),
-            reason: "`special.bessel_j0` is not in the op vocabulary".into()
+            reason: "`special.bessel_j0` is not in the op vocabulary".into(),
+            call: Some(Box::new(OpaqueCall {
+                kind: CallKind::Function,
+                target: "torch.special.bessel_j0".into(),
+                args: vec![CallArg::Input(0)],
+                kwargs: vec![],
+            })),
         }
     );
     assert_eq!(g.inputs(id).len(), 1);
@@ -277,13 +284,30 @@ fn masked_multihead_attention_stays_opaque_with_the_reason() {
     );
     let g = import_trace(&parse_trace(&text).unwrap()).unwrap().graph;
     let (id, n) = g.opaque_nodes().next().expect("kept as one opaque node");
+    let Op::Opaque {
+        target,
+        reason,
+        call,
+    } = &n.op
+    else {
+        panic!("{:?}", n.op)
+    };
     assert_eq!(
-        n.op,
-        Op::Opaque {
-            target: "torch.nn.MultiheadAttention".into(),
-            reason: "not expanded: `attn_mask` is not modelled in the expansion".into()
-        }
+        (target.as_str(), reason.as_str()),
+        (
+            "torch.nn.MultiheadAttention",
+            "not expanded: `attn_mask` is not modelled in the expansion"
+        )
     );
+    // The module called again by its path, on the traced arguments.
+    let call = call.as_ref().unwrap();
+    assert_eq!(
+        (call.kind, call.target.as_str()),
+        (CallKind::Module, "attn")
+    );
+    let q = CallArg::Input;
+    assert_eq!(call.args, [q(0), q(1), q(2)]);
+    assert_eq!(call.kwargs, [("attn_mask".to_string(), q(3))]);
     // query, key, value, the mask and both weights; nothing half-expanded.
     assert_eq!(g.inputs(id).len(), 6);
     assert_eq!(g.len(), 5);

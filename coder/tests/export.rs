@@ -686,3 +686,84 @@ fn attention_written_op_by_op_exports_as_one_call() {
         runs_like_the_model(&python, &exported, "p['get_inputs']()", what);
     }
 }
+
+/// With torch on the CPU: calls the op vocabulary does not model, one of
+/// each kind (`tests/opaque/calls.py`: a submodule, a torch function, a
+/// tensor method with keyword arguments), traced by the real tracer,
+/// stay opaque nodes that keep the call, and the call-library export
+/// makes each again as the problem made it (the submodule the problem's
+/// own model holds): it computes what the Model computes, call after call.
+#[test]
+fn opaque_calls_are_made_again_as_the_problem_made_them() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    let code = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/opaque/calls.py"
+    ))
+    .unwrap();
+    let request = serde_json::json!({"level": 1, "name": "1_OpaqueCalls", "code": code});
+    let mut tracer = std::process::Command::new(&python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../env/python/trace_graph.py"
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = tracer.stdin.take().unwrap();
+        writeln!(stdin, "{request}").unwrap();
+    }
+    let traced = tracer.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&traced.stdout);
+    let trace = mtmc_actions::import::parse_trace(text.trim())
+        .unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&traced.stderr)));
+    assert_eq!(trace.status, "ok", "{text}");
+    let g = mtmc_actions::import::import_trace(&trace).unwrap().graph;
+    let opaque: Vec<String> = g.opaque_nodes().map(|(_, n)| n.op.to_string()).collect();
+    assert_eq!(opaque.len(), 3, "{opaque:?}");
+    let exported = to_model_new(&g, &Program::default(), &code).unwrap();
+    for call in [
+        "self.reference_parameters.get_submodule(\"patches\")(",
+        "torch._C._special.special_bessel_j0(",
+        ".unfold(2, size=4, step=2)",
+    ] {
+        assert!(exported.contains(call), "{call}\n{exported}");
+    }
+    run_against_the_model(
+        &python,
+        &exported,
+        "[torch.rand(2, 3, 8, 9) for _ in range(3)]",
+        "for x in args:\n    want = new.reference_parameters(x)\n    got = new(x)\n    assert got.shape == want.shape, (got.shape, want.shape)\n    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()\n",
+        "opaque calls",
+    );
+}
+
+/// With torch on the CPU: a model mtmc has no graph of (one that keeps
+/// state across calls, `tests/opaque/stateful.py`) exports as its own
+/// forward, and gives the Model's sequence of outputs call after call
+/// (the same input three times, three outputs).
+#[test]
+fn a_model_with_no_graph_is_its_own_forward_call_after_call() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    let code = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/opaque/stateful.py"
+    ))
+    .unwrap();
+    let exported = mtmc_coder::export::whole_forward(&code);
+    run_against_the_model(
+        &python,
+        &exported,
+        "[torch.rand(4, 8)] * 3",
+        "model = p['Model'](*p['get_init_inputs']())\noutputs = []\nfor x in args:\n    want, got = model(x), new(x)\n    assert torch.equal(got, want), (got - want).abs().max()\n    outputs.append(got)\nassert not torch.equal(outputs[0], outputs[1]), 'the state changed nothing'\n",
+        "a stateful model",
+    );
+}

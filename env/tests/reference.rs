@@ -243,6 +243,7 @@ fn missing_inputs_and_unknown_ops_are_named() {
             mtmc_actions::op::Op::Opaque {
                 target: "conv_tbc".into(),
                 reason: "unknown".into(),
+                call: None,
             },
             &[out],
             vec![g.tensor(out).clone()],

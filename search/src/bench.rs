@@ -448,18 +448,22 @@ fn bench_one(
     let mut log = Vec::new();
     let result = std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("cannot create `{}`", out_dir.display()))
-        .and_then(|()| {
-            let traced = problems.graphs(&[p])?.remove(0);
-            traced
-                .graph
-                .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))
-        });
+        .and_then(|()| Ok(problems.graphs(&[p])?.remove(0).graph));
     let mut graph = None;
-    let optimized = result.and_then(|g| {
-        record.family = family(&g);
-        let s = optimize_problem(&mut log, p, &g, judge, &out_dir, target);
-        graph = Some(g);
-        s
+    let optimized = result.and_then(|g| match g {
+        Ok(g) => {
+            record.family = family(&g);
+            let s = optimize_problem(&mut log, p, &g, judge, &out_dir, target);
+            graph = Some(g);
+            s
+        }
+        // No graph: the whole forward stays the problem's code (not in
+        // strict mode, which wants kernels).
+        Err(why) if !judge.strict => {
+            record.family = "whole forward".into();
+            crate::optimize::optimize_whole_forward(&mut log, p, judge, &out_dir, &why)
+        }
+        Err(why) => Err(anyhow::anyhow!("{p} has no graph: {why}")),
     });
     match optimized {
         Ok(s) => {

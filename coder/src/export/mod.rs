@@ -6,7 +6,9 @@
 //!
 //! Parameters come from an instance of the problem's own `Model`, built
 //! with the same arguments in the constructor, so they are initialized
-//! exactly as the reference's are; its forward is never called.
+//! exactly as the reference's are; its forward is called only where the
+//! whole forward stays the problem's code ([`whole_forward`]: no graph),
+//! and a submodule's only where the program makes an opaque call to it.
 //!
 //! Its `torch` module writes the ops no fragment covers as torch calls.
 //! The pieces of a `ModelNew` that are mostly text (the channels-last
@@ -137,6 +139,17 @@ fn ident(name: &str) -> String {
     } else {
         s
     }
+}
+
+/// The `ModelNew` of a problem mtmc has no graph of (its trace failed or
+/// does not import): the whole forward as the problem's own PyTorch code,
+/// its `Model` built as the reference builds its own and called as it is,
+/// so that state it keeps across calls is kept alike.
+pub fn whole_forward(problem_code: &str) -> String {
+    format!(
+        "import torch\nimport torch.nn as nn\n\n# The whole forward is the problem's own PyTorch code: mtmc has no graph of it.\n_PROBLEM = {}\n_PROBLEM_NS = {{\"__name__\": \"mtmc_problem\"}}\nexec(compile(_PROBLEM, \"problem.py\", \"exec\"), _PROBLEM_NS)\n\n\nclass ModelNew(nn.Module):\n    def __init__(self, *args, **kwargs):\n        super().__init__()\n        self.reference_parameters = _PROBLEM_NS[\"Model\"](*args, **kwargs)\n\n    def forward(self, *args, **kwargs):\n        return self.reference_parameters(*args, **kwargs)\n",
+        serde_json::to_string(problem_code).expect("a string serializes")
+    )
 }
 
 /// The `ModelNew` source, or why the program cannot be exported yet.
@@ -335,6 +348,14 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             Op::Layout(Layout::Slice { subscript }) if subscript.starts_with("split(") => {
                 Some(format!("{}.{subscript}", ins[0]))
             }
+            Op::Opaque { call: Some(c), .. } if node.outputs.len() > 1 => {
+                Some(torch::opaque_call(c, &ins).ok_or_else(|| {
+                    format!(
+                        "`{}` ({}) takes arguments that have no Python spelling here",
+                        node.name, node.op
+                    )
+                })?)
+            }
             Op::Rnn(r) => Some(
                 node.outputs
                     .get(1)
@@ -483,7 +504,7 @@ pub fn to_model_new(g: &OpGraph, p: &Program, problem_code: &str) -> Result<Stri
             }
         }
     }
-    py.push_str("\n# The problem's Model, for its parameters only (built exactly as the\n# reference builds its own); its forward is never called.\n");
+    py.push_str("\n# The problem's Model, built exactly as the reference builds its own: its\n# parameters, and the submodules the program calls as the problem does.\n");
     let _ = writeln!(
         py,
         "_PROBLEM = {}",

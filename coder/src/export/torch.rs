@@ -3,7 +3,7 @@
 //! functional form, every other op by its torch spelling, and the Python
 //! literals they take.
 
-use mtmc_actions::op::{Conv, MatMul, Op, Rnn, RnnCell};
+use mtmc_actions::op::{CallArg, CallKind, Conv, MatMul, Op, OpaqueCall, Rnn, RnnCell};
 
 use super::{channels_last_views, torch_dtype};
 
@@ -97,8 +97,121 @@ pub(super) fn torch_call(
             }
             call + ")"
         }
+        Op::Opaque { call: Some(c), .. } => opaque_call(c, ins)?,
         other => return torch_fallback(other, ins, out),
     })
+}
+
+/// A call the op vocabulary does not model, made again as the problem's
+/// code made it: a submodule of the problem's own model (the `ModelNew`
+/// holds it, with its parameters), a torch function, or a method of its
+/// first argument. `None` where an argument has no Python spelling here
+/// (a device, a tensor no traced op produced) or a function is not torch's.
+pub(super) fn opaque_call(c: &OpaqueCall, ins: &[String]) -> Option<String> {
+    let arg = |a: &CallArg| call_arg(a, ins);
+    let mut args: Vec<String> = c.args.iter().map(arg).collect::<Option<_>>()?;
+    for (k, a) in &c.kwargs {
+        args.push(format!("{k}={}", arg(a)?));
+    }
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.split('.').all(|part| {
+                part.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+                    && !part.is_empty()
+            })
+    };
+    if !ident(&c.target) {
+        return None;
+    }
+    Some(match c.kind {
+        CallKind::Module => format!(
+            "self.reference_parameters.get_submodule({:?})({})",
+            c.target,
+            args.join(", ")
+        ),
+        CallKind::Function if c.target.starts_with("torch.") => {
+            format!("{}({})", c.target, args.join(", "))
+        }
+        CallKind::Function => return None,
+        CallKind::Method => {
+            let (this, rest) = args.split_first()?;
+            format!("{this}.{}({})", c.target, rest.join(", "))
+        }
+    })
+}
+
+/// An argument of an [`OpaqueCall`] in Python.
+fn call_arg(a: &CallArg, ins: &[String]) -> Option<String> {
+    match a {
+        CallArg::Input(k) => ins.get(*k).cloned(),
+        CallArg::Tuple(items) => {
+            let items: Vec<String> = items
+                .iter()
+                .map(|a| call_arg(a, ins))
+                .collect::<Option<_>>()?;
+            Some(python_tuple(&items))
+        }
+        CallArg::Const(v) => python_const(v),
+    }
+}
+
+/// A constant the trace encoded (`trace_graph.py`'s `encode`) in Python.
+fn python_const(v: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    Some(match v {
+        Value::Null => "None".into(),
+        Value::Bool(b) => if *b { "True" } else { "False" }.into(),
+        Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+        Value::Number(n) => py(n.as_f64()?),
+        Value::String(s) => serde_json::to_string(s).ok()?,
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(python_const).collect::<Option<_>>()?;
+            python_tuple(&items)
+        }
+        Value::Object(o) => {
+            let (key, inner) = o.iter().next().filter(|_| o.len() == 1)?;
+            match (key.as_str(), inner) {
+                ("float", Value::String(f)) => match f.as_str() {
+                    "inf" => "float('inf')".into(),
+                    "-inf" => "float('-inf')".into(),
+                    "nan" => "float('nan')".into(),
+                    _ => return None,
+                },
+                ("dtype", Value::String(d)) if d.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                    format!("torch.{d}")
+                }
+                ("ellipsis", _) => "...".into(),
+                ("slice", Value::Array(parts)) if parts.len() == 3 => {
+                    let parts: Vec<String> =
+                        parts.iter().map(python_const).collect::<Option<_>>()?;
+                    format!("slice({})", parts.join(", "))
+                }
+                ("dict", Value::Object(d)) => {
+                    let items: Vec<String> = d
+                        .iter()
+                        .map(|(k, v)| {
+                            Some(format!(
+                                "{}: {}",
+                                serde_json::to_string(k).ok()?,
+                                python_const(v)?
+                            ))
+                        })
+                        .collect::<Option<_>>()?;
+                    format!("{{{}}}", items.join(", "))
+                }
+                _ => return None,
+            }
+        }
+    })
+}
+
+/// A Python tuple of these items (one item keeps its comma).
+fn python_tuple(items: &[String]) -> String {
+    match items {
+        [one] => format!("({one},)"),
+        _ => format!("({})", items.join(", ")),
+    }
 }
 
 /// A Python float literal.

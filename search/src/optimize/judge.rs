@@ -147,6 +147,20 @@ impl ProblemJudge {
         Ok(results.remove(0).result?)
     }
 
+    /// Judges Python `ModelNew`s at once, each on whichever worker (GPU)
+    /// is free first: their outcomes, in their order.
+    pub(crate) fn judge_python(
+        &mut self,
+        problem: &ProblemSource,
+        candidates: Vec<Candidate>,
+    ) -> Result<Vec<Outcome>> {
+        self.runtime
+            .block_on(self.pool.evaluate_all(problem, candidates))
+            .into_iter()
+            .map(|d| Ok(d.result?))
+            .collect()
+    }
+
     /// Candidates judged at once: one per worker (GPU).
     pub fn in_flight(&self) -> usize {
         if self.gpu {
@@ -235,18 +249,11 @@ pub(crate) fn judge_programs(
             .map(|_| Outcome::new(EvaluatorKind::CompileOnly, Status::CompiledOnly))
             .collect());
     }
-    let results = judge
-        .runtime
-        .block_on(judge.pool.evaluate_all(problem, candidates));
-    results
-        .into_iter()
-        .zip(programs)
-        .map(|(d, (g, _, _))| {
-            let mut o = d.result?;
-            add_roofline(&mut o, g, specs);
-            Ok(o)
-        })
-        .collect()
+    let mut outcomes = judge.judge_python(problem, candidates)?;
+    for (o, (g, _, _)) in outcomes.iter_mut().zip(programs) {
+        add_roofline(o, g, specs);
+    }
+    Ok(outcomes)
 }
 
 /// The roofline of the graph on the outcome's GPU, under the math the

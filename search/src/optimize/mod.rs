@@ -23,7 +23,7 @@ use mtmc_coder::template::product;
 use mtmc_env::evaluator::{Candidate, CompileOnly, Evaluator, ProblemSource};
 use mtmc_env::native::{GraphSource, NativeEvaluator};
 use mtmc_env::nvrtc::Arch;
-use mtmc_env::outcome::Outcome;
+use mtmc_env::outcome::{EvaluatorKind, Outcome, Status};
 use mtmc_env::worker::Protocol;
 
 use crate::interrupt::Interrupted;
@@ -237,11 +237,24 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             let problems = crate::source::Problems::load(*kernelbench)?;
             let p = problems.find(name)?;
             let traced = problems.graphs(&[p])?.remove(0);
-            let g = traced
-                .graph
-                .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
             let mut judge =
                 ProblemJudge::new(gpu, req.timeout, true, req.strict).stopping_on(&stop);
+            let g = match traced.graph {
+                Ok(g) => g,
+                // No graph: the whole forward stays the problem's code (not
+                // in strict mode, which wants kernels).
+                Err(why) if !req.strict && matches!(req.coder, Coder::Template) => {
+                    let summary = optimize_whole_forward(out, p, &mut judge, req.out_dir, &why)?;
+                    if summary.best.is_none() {
+                        bail!(
+                            "the problem's own forward was not correct either; the attempt is in {}",
+                            req.out_dir.join("report.json").display()
+                        );
+                    }
+                    return Ok(());
+                }
+                Err(why) => bail!("{p} has no graph: {why}"),
+            };
             let summary = match &req.coder {
                 Coder::Template => {
                     optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?
@@ -273,6 +286,87 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Optimizes problem `p` that has no graph (`why`): its one program is the
+/// whole forward as the problem's own PyTorch code
+/// ([`mtmc_coder::export::whole_forward`]), judged by the worker on a GPU
+/// (not run without one), written to `out_dir` with its report.
+pub fn optimize_whole_forward(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    judge: &mut ProblemJudge,
+    out_dir: &Path,
+    why: &str,
+) -> Result<Summary> {
+    let problem = problem_source(p)?;
+    writeln!(
+        out,
+        "{p}: no graph ({why}): the whole forward stays the problem's own PyTorch code; {}",
+        if judge.gpu {
+            "judged by the worker against the PyTorch model"
+        } else {
+            "not run (no GPU)"
+        }
+    )?;
+    let code = mtmc_coder::export::whole_forward(&p.code);
+    let o = if judge.gpu {
+        let candidate = Candidate::Python {
+            name: "model_new whole forward".into(),
+            code: code.clone(),
+        };
+        judge.judge_python(&problem, vec![candidate])?.remove(0)
+    } else {
+        Outcome::new(EvaluatorKind::CompileOnly, Status::CompiledOnly)
+    };
+    let line = match (o.status, &o.runtime) {
+        (Status::Correct, Some(rt)) => format!(
+            "correct, {:.4} ms; vs eager {}",
+            rt.mean_ms,
+            o.speedup_vs("eager")
+                .map_or("-".into(), |s| format!("{s:.3}x"))
+        ),
+        (Status::CompiledOnly, _) => "not run".into(),
+        (status, _) => {
+            let why = o.why.clone().or(o.error.clone()).unwrap_or_default();
+            format!("{}: {}", status.name(), why.lines().next().unwrap_or(""))
+        }
+    };
+    writeln!(out, "  whole forward: {line}")?;
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
+    let report = serde_json::json!({
+        "subject": p.full_name(),
+        "whole_forward": why,
+        "library_calls": ["the whole forward"],
+        "attempts": [{"whole_forward": true, "outcome": o}],
+    });
+    write(
+        out_dir,
+        "report.json",
+        &(serde_json::to_string_pretty(&report)? + "\n"),
+    )?;
+    let usable = matches!(o.status, Status::Correct | Status::CompiledOnly);
+    if usable {
+        write(out_dir, "model_new.py", &code)?;
+        writeln!(
+            out,
+            "wrote model_new.py (the whole forward as the problem's code) and report.json to {}",
+            out_dir.display()
+        )?;
+    }
+    let correct = o.status == Status::Correct;
+    let judged = usize::from(judge.gpu);
+    Ok(Summary {
+        kernels: 0,
+        library_calls: 1,
+        variants: 1,
+        judged,
+        correct: usize::from(correct),
+        best: usable.then_some(o),
+        params: None,
+        interrupted: false,
+    })
 }
 
 /// What optimizing one problem found.

@@ -83,7 +83,12 @@ pub fn optimize(out: &mut dyn std::io::Write, req: OptimizeRequest<'_>) -> Resul
         .graphs(&[p])?
         .remove(0)
         .graph
-        .map_err(|e| anyhow::anyhow!("{p} has no graph: {e}"))?;
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{p} has no graph: {e}; a planner has nothing to choose there (`mtmc optimize {}` without --planner writes its whole forward as the problem's own code)",
+                p.full_name()
+            )
+        })?;
     let gpus = Gpus::probe();
     let gpu = gpus.any();
     if !gpu {

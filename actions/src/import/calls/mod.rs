@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::{ImportError, Importer, TraceNode, Val};
 use crate::dtype::TensorType;
 use crate::graph::TensorRef;
-use crate::op::{Op, Reduction};
+use crate::op::{CallArg, CallKind, Op, OpaqueCall, Reduction};
 
 mod layers;
 mod tensor;
@@ -174,6 +174,41 @@ impl Call<'_> {
     }
 }
 
+/// The call `node` made, its tensors numbered as [`Call::all_tensors`]
+/// lists them (the node's inputs; a module's own parameters last, which
+/// the call does not pass); `None` for a node that is no call.
+fn opaque_call(node: &TraceNode, call: &Call<'_>) -> Option<Box<OpaqueCall>> {
+    let kind = match node.op.as_str() {
+        "module" => CallKind::Module,
+        "function" => CallKind::Function,
+        "method" => CallKind::Method,
+        _ => return None,
+    };
+    fn arg(v: &Val, next: &mut usize) -> CallArg {
+        match v {
+            Val::Tensor(_) => {
+                *next += 1;
+                CallArg::Input(*next - 1)
+            }
+            Val::Tuple(items) => CallArg::Tuple(items.iter().map(|v| arg(v, next)).collect()),
+            Val::Const(c) => CallArg::Const(c.clone()),
+        }
+    }
+    let mut next = 0;
+    let args = call.args.iter().map(|v| arg(v, &mut next)).collect();
+    let kwargs = call
+        .kwargs
+        .iter()
+        .map(|(k, v)| (k.clone(), arg(v, &mut next)))
+        .collect();
+    Some(Box::new(OpaqueCall {
+        kind,
+        target: node.target.clone(),
+        args,
+        kwargs,
+    }))
+}
+
 /// Normalizes a trace node's target to the key matched below.
 fn call_key(node: &TraceNode) -> String {
     match node.op.as_str() {
@@ -283,9 +318,14 @@ pub(super) fn import_call(im: &mut Importer, node: &TraceNode) -> Result<Val, Im
                 _ => node.target.clone(),
             };
             let inputs = call.all_tensors();
+            let call = opaque_call(node, &call);
             im.emit(
                 &node.name,
-                Op::Opaque { target, reason },
+                Op::Opaque {
+                    target,
+                    reason,
+                    call,
+                },
                 &inputs,
                 &node.out,
             )
