@@ -1526,6 +1526,12 @@ def build_reference(problem, s, device, deadline):
     trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(s["correctness_trials"])]
     check_seeds = trial_seeds + [s["seed"] + 1]
     ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}, "problem": problem}
+    if keeps_state(model, ns, trial_seeds[0], device, s):
+        raise RuntimeError(
+            "the problem's model keeps state across calls (two calls on the same inputs, under the same seed, "
+            "give different outputs): the judge compares each call against reference outputs of their own, "
+            "which such a model does not give, so it is not judged"
+        )
     ref["reference_tf32"] = reference_tf32(model, ns, trial_seeds[0], device, s)
     refs, kept = [], "device" if device.type == "cuda" else "host"
     if s["references"] == "recompute":
@@ -1677,6 +1683,29 @@ def scaled_reference_outputs(ref, inputs):
     if ref["scaled_ref"] is not None:
         return ref["scaled_ref"]
     return reference_forward(ref, inputs, scaled=True)
+
+
+def keeps_state(model, ns, seed, device, s):
+    """Whether the problem's model keeps state across calls: two calls on
+    the same inputs, each under the same seed (so that random ops draw
+    alike), whose outputs differ beyond what an atomic's order changes."""
+    t = torch()
+    inputs = make_inputs(ns, seed, device, s["inputs"])
+    outs = []
+    with t.no_grad():
+        for _ in range(2):
+            set_seed(s["seed"])
+            outs.append(forward_outputs(model, inputs))
+
+    def same(a, b):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.is_floating_point() or a.is_complex():
+            return bool(t.allclose(a, b, rtol=1e-3, atol=1e-3, equal_nan=True))
+        return bool(t.equal(a, b))
+
+    first, second = outs
+    return len(first) != len(second) or not all(same(a, b) for a, b in zip(first, second))
 
 
 def reference_tf32(model, ns, seed, device, s):

@@ -545,6 +545,29 @@ async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomput
     assert!(!o.references_recomputed, "{o:?}");
 }
 
+/// A problem whose model keeps state across calls is not judged, with
+/// the reason: the judge's checks compare each call against reference
+/// outputs of their own, which such a model does not give (an honest
+/// candidate would fail them, not for its own fault).
+#[tokio::test]
+async fn a_problem_whose_model_keeps_state_is_not_judged_and_says_why() {
+    let Some(python) = torch_python() else { return };
+    let _host = HOST.read().await;
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    let error = ev
+        .evaluate(&problem("problem_stateful.py"), &candidate("honest.py"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("the problem's model keeps state across calls"),
+        "{error}"
+    );
+    // A model without state on the same worker is judged as before.
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+}
+
 /// A product over a long K added in another order (as split-K adds its
 /// parts) is correct on normal inputs too: there each element may also
 /// differ by rtol times the output's scale, where the sums cancel to near
