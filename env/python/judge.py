@@ -1563,6 +1563,15 @@ def build_reference(problem, s, device, deadline):
         refs.append(outs if kept != "recomputed" else None)
         del inputs, outs
     ref.update(refs=refs, refs_kept=kept)
+    if device.type == "cuda" and kept == "recomputed":
+        # Memory is short (the outputs are recomputed for each check): what
+        # the checks above left in this process's cache (inputs and
+        # several output sets) goes back to the GPU for the candidate's
+        # process.
+        import gc
+
+        gc.collect()
+        t.cuda.empty_cache()
     ref["scaled_ref"] = ref["normal_ref"] = None
     if kept != "recomputed":
         ref["normal_ref"] = normal_reference(ref, s, device)
