@@ -1696,15 +1696,17 @@ def scaled_reference_outputs(ref, inputs):
 
 def keeps_state(model, ns, seed, device, s):
     """Whether the problem's model keeps state across calls: two calls on
-    the same inputs, each under the same seed (so that random ops draw
-    alike), whose outputs differ beyond what an atomic's order changes."""
+    the same inputs (drawn afresh for each, as a model may write to its
+    inputs), each under the same seed (so that random ops draw alike),
+    whose outputs differ beyond what an atomic's order changes."""
     t = torch()
-    inputs = make_inputs(ns, seed, device, s["inputs"])
     outs = []
     with t.no_grad():
         for _ in range(2):
+            inputs = make_inputs(ns, seed, device, s["inputs"])
             set_seed(s["seed"])
             outs.append(forward_outputs(model, inputs))
+            del inputs
 
     def same(a, b):
         if a.shape != b.shape or a.dtype != b.dtype:

@@ -563,9 +563,13 @@ async fn a_problem_whose_model_keeps_state_is_not_judged_and_says_why() {
         error.contains("the problem's model keeps state across calls"),
         "{error}"
     );
-    // A model without state on the same worker is judged as before.
+    // A model without state on the same worker is judged as before, and
+    // so is one that writes to its input (each call gets inputs of its
+    // own): a ReLU is judged on it, and is wrong there.
     let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
     assert_eq!(o.status, Status::Correct, "{o:?}");
+    let o = eval(&mut ev, "problem_writes_input.py", "honest.py").await;
+    assert_eq!(o.status, Status::Incorrect, "{o:?}");
 }
 
 /// A product over a long K added in another order (as split-K adds its
