@@ -2115,6 +2115,15 @@ def evaluate(req):
         outcome.pop("runtime", None)
         outcome.update(status="crashed", error=str(e))
         return outcome
+    except Exception as e:
+        # The judge's own allocation failed while the candidate's process
+        # held the GPU's memory (its caching allocator keeps what it freed):
+        # the candidate ran out of memory beside the judge, a verdict (and,
+        # beside kept reference outputs, a reason to judge it again with
+        # them recomputed), not a failure of the evaluation.
+        if child is not None and device.type == "cuda" and "out of memory" in str(e):
+            return runtime_error(outcome, f"out of memory beside the judge (the judge's own allocation failed while the candidate's process held the GPU's memory): {error_text(e)}")
+        raise
     finally:
         if child is not None:
             child.kill()
