@@ -137,6 +137,13 @@ pub(crate) enum Command {
         /// each candidate (steadier speedups; the default)
         #[arg(long)]
         eager_alone: bool,
+        /// Screen the candidates instead of judging them: KernelBench's
+        /// first correctness trial, then N timed calls (a few compared), no
+        /// eager beside. A screen ranks candidates (exploration gives the
+        /// full protocol to the fast ones); its figures are not the
+        /// protocol's.
+        #[arg(long, value_name = "N", value_parser = parse_count::<u32>)]
+        screen: Option<u32>,
         /// Also write the outcomes as JSON to this file.
         #[arg(long, value_name = "FILE", value_parser = parse_json_out)]
         json: Option<PathBuf>,
@@ -535,6 +542,10 @@ pub(crate) enum Command {
         /// Skip the load_inline path (about a minute per problem).
         #[arg(long)]
         no_slow: bool,
+        /// Also screen the fast-path copies with N timed calls (the first
+        /// correctness trial, no eager beside), as exploration screens.
+        #[arg(long, value_name = "N", value_parser = parse_count::<u32>)]
+        screen: Option<u32>,
         /// Seconds before a candidate's evaluation is stopped.
         #[arg(long, default_value_t = 300, value_parser = parse_count::<u64>)]
         timeout: u64,

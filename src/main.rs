@@ -37,6 +37,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             cpu,
             strict,
             eager_alone,
+            screen,
             json,
         } => {
             let baselines: Vec<String> = baselines.into_iter().filter(|b| b != "none").collect();
@@ -62,6 +63,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     cpu,
                     strict,
                     paired_eager: !eager_alone,
+                    screen,
                     json: json.as_deref(),
                 },
             )
@@ -406,6 +408,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             triton_copies,
             no_slow,
             timeout,
+            screen,
             json,
         } => mtmc_search::bench_env::run(
             out,
@@ -415,6 +418,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 triton_copies,
                 slow: !no_slow,
                 timeout: std::time::Duration::from_secs(timeout),
+                screen,
                 json: json.as_deref(),
             },
         ),

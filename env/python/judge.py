@@ -78,6 +78,8 @@ TIMING_METHOD = "judge-3"
 # Share of the timed calls whose outputs are compared (at least MIN_CHECKED),
 # and how many calls run with the watchers on.
 CHECKED_SHARE, MIN_CHECKED, WATCHED = 0.08, 6, 3
+# A screen's compared calls (at least) and its steps beside the null call.
+SCREEN_CHECKED, SCREEN_BESIDE = 2, 4
 # A checked timed call's output with more elements than SAMPLE_ABOVE is
 # compared at SAMPLED positions drawn after it returned (read from the
 # candidate's memory at once, as a full copy would be), and its inputs at
@@ -2141,8 +2143,15 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     calls and one warm-up, chosen at random (`checked`). Every call gets
     fresh inputs drawn under a seed no runner can know; the candidate cannot
     tell the kinds apart before it returns. Beside a random share of the
-    calls eager runs on the same inputs in the reference runner."""
+    calls eager runs on the same inputs in the reference runner.
+
+    A screen (`screen`: its number of timed calls) is the short form that
+    ranks candidates: the first of KernelBench's correctness trials, then
+    its timed calls (a few compared, one watched), no eager beside, no
+    check of work left between calls or of scaled parameters. Its outcome
+    says it is one; the full protocol decides every reported figure."""
     t = torch()
+    screen = req.get("screen")
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     tolerance = (atol, rtol, req.get("max_error_to_scale", 1e-2))
     stage = ref["stage"]
@@ -2179,6 +2188,8 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     check_began = _clock()
     trials = [(n, seed, None) for n, seed in enumerate(ref["trial_seeds"])] + [(len(ref["trial_seeds"]), *normal_trial(s, ref))]
     second = "passed"
+    if screen:
+        trials, second = trials[:1], "not run: a screen"
     child.begin_calls(deadline)
     for n, seed, normal_seed in trials:
         trial_began = _clock()
@@ -2240,14 +2251,18 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
 
     # The timed calls.
     secret = random.SystemRandom()
-    warmup = s["warmup"] + secret.randint(0, 3)
-    kinds = ["timed"] * s["trials"] + ["watched"] * WATCHED
+    warmup = (1 if screen else s["warmup"]) + secret.randint(0, 1 if screen else 3)
+    watched = 1 if screen else WATCHED
+    kinds = ["timed"] * (screen or s["trials"]) + ["watched"] * watched
     secret.shuffle(kinds)
     kinds = ["warmup"] * warmup + kinds
     timed = [k for k, kind in enumerate(kinds) if kind == "timed"]
-    n_checked = min(len(timed), max(MIN_CHECKED, round(CHECKED_SHARE * s["trials"])) + secret.randint(0, 3))
+    least = SCREEN_CHECKED if screen else max(MIN_CHECKED, round(CHECKED_SHARE * s["trials"]))
+    n_checked = min(len(timed), least + secret.randint(0, 1 if screen else 3))
     checked = set(secret.sample(timed, n_checked)) | {secret.randrange(warmup)}
-    n_beside = min(len(kinds), max(MIN_BESIDE, round(BESIDE_SHARE * len(kinds))))
+    # A screen's steps beside the null call only (its span is the run's
+    # calibration), eager nowhere.
+    n_beside = min(len(kinds), SCREEN_BESIDE if screen else max(MIN_BESIDE, round(BESIDE_SHARE * len(kinds))))
     # As many even steps as odd ones (eager runs after the candidate on one
     # kind, before it on the other): the flushes right after its calls are
     # as many as those right after a call that does nothing, halved.
@@ -2282,8 +2297,8 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         return False
 
     timing_began = _clock()
-    watch_flushes = device.type == "cuda" and bool(ref["calibration"].get("flush_ms"))
-    paired = s["paired_eager"] and "eager" in req.get("baselines", ["eager"]) and "error" not in ref["baselines"].get("eager", {"error": 1})
+    watch_flushes = not screen and device.type == "cuda" and bool(ref["calibration"].get("flush_ms"))
+    paired = not screen and s["paired_eager"] and "eager" in req.get("baselines", ["eager"]) and "error" not in ref["baselines"].get("eager", {"error": 1})
     callers = [("candidate", child)] + ([("reference", ref["runner"])] if paired else [])
     # The next candidate's runner, started before this one's load, may
     # start CUDA during the warm-ups, not beside a call whose time counts.
@@ -2304,7 +2319,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     outcome["runtime"] = stats(call_times(records, "candidate", cal, device), clock_name(device))
     outcome["timing_seconds"] = _clock() - timing_began
     outcome["integrity"].update(
-        calls=len(kinds), warmup=warmup, checked=len(checked), watched=WATCHED, eager_beside=len(beside) if paired else 0,
+        calls=len(kinds), warmup=warmup, checked=len(checked), watched=watched, eager_beside=len(beside) if paired else 0,
         null_ms=cal["null_ms"], seal_ms=cal["seal_ms"],
     )
     eager = None
@@ -2323,7 +2338,9 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
 
     # The parameters change in place (the candidate's and the reference's
     # alike): weights derived from them and kept must be recomputed.
-    if float_parameters(ref["model"]):
+    if screen:
+        outcome["screen"] = screen
+    elif float_parameters(ref["model"]):
         scaled = child.request({"op": "scale", "factor": PARAMETER_SCALE}, deadline)
         if not scaled.get("ok"):
             return runtime_error(outcome, scaled.get("error", "scaling the parameters failed"))

@@ -100,6 +100,12 @@ pub struct WorkerSettings {
     /// Time eager trial by trial beside each candidate (bounded by its time
     /// alone) instead of taking its time alone, measured once per problem.
     pub paired_eager: bool,
+    /// Screen candidates instead of judging them: KernelBench's first
+    /// correctness trial, then this many timed calls (a few of them
+    /// compared), no eager beside, no check with the parameters scaled.
+    /// The reference side is the full protocol's (a screen and a full
+    /// judgement of the same problem share it).
+    pub screen: Option<u32>,
     /// Wall-clock limit per candidate.
     pub limit: Duration,
     /// Wall-clock limit for a problem's reference side and baselines
@@ -118,6 +124,7 @@ impl Default for WorkerSettings {
             strict: false,
             recompute_references: false,
             paired_eager: true,
+            screen: None,
             limit: Duration::from_secs(120),
             prepare_limit: Duration::from_secs(600),
         }
@@ -167,6 +174,7 @@ impl WorkerEvaluator {
             "strict": s.strict,
             "references": if s.recompute_references { "recompute" } else { "auto" },
             "paired_eager": s.paired_eager,
+            "screen": s.screen,
             "limit_seconds": if op == "prepare" { s.prepare_limit } else { s.limit }.as_secs_f64(),
         })
     }

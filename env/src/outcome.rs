@@ -392,6 +392,12 @@ pub struct Outcome {
     /// What kept the candidate apart and what was checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub integrity: Option<Integrity>,
+    /// The timed calls of a screen, where this outcome is one: a short
+    /// judgement (KernelBench's first correctness trial, a few timed calls,
+    /// no eager beside) that ranks candidates, never the full protocol's
+    /// figures ([`Outcome::is_full`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<u32>,
 }
 
 impl Outcome {
@@ -417,13 +423,20 @@ impl Outcome {
             references_recomputed: false,
             failed_check: None,
             integrity: None,
+            screen: None,
         }
     }
 
-    /// Baseline mean over the candidate's mean, when both were timed and
-    /// the time is plausible.
+    /// Whether the outcome is the full protocol's (not a screen's): only
+    /// such an outcome's figures are reported.
+    pub fn is_full(&self) -> bool {
+        self.screen.is_none()
+    }
+
+    /// Baseline mean over the candidate's mean, when both were timed by
+    /// the full protocol (not a screen) and the time is plausible.
     pub fn speedup_vs(&self, baseline: &str) -> Option<f64> {
-        if self.status == Status::Implausible {
+        if self.status == Status::Implausible || !self.is_full() {
             return None;
         }
         let b = self.baselines.get(baseline)?.timing.as_ref()?;

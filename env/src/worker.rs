@@ -489,6 +489,8 @@ struct Reply {
     failed_check: Option<String>,
     #[serde(default)]
     integrity: Option<Integrity>,
+    #[serde(default)]
+    screen: Option<u32>,
 }
 
 /// A float, or the worker's spelling of a non-finite one (`"inf"`,
@@ -542,6 +544,7 @@ impl Reply {
         o.reference_tf32 = self.reference_tf32;
         o.failed_check = self.failed_check;
         o.integrity = self.integrity;
+        o.screen = self.screen;
         o.kernels = self.kernels;
         // Triton kernels say their block (num_warps × 32): their occupancy
         // follows from registers and shared memory. cupy's do not (the block

@@ -676,3 +676,46 @@ async fn large_outputs_are_checked_at_positions_drawn_after_the_call() {
     let o = eval(&mut ev, "problem_relu_large.py", "honest.py").await;
     assert_eq!(o.status, Status::Correct, "{o:?}");
 }
+
+/// A screen judges a candidate on KernelBench's first correctness trial and
+/// a few timed calls, says it is one, and still fails wrong work; the full
+/// protocol after it on the same judge reuses the problem's reference side
+/// (a screen and a judgement share it) and runs every check again.
+#[tokio::test]
+async fn a_screen_is_short_says_so_and_shares_the_reference_side() {
+    let Some(python) = torch_python() else { return };
+    let _host = HOST.read().await;
+    let mut ev = evaluator(python, false, Duration::from_secs(120));
+    ev.settings.protocol.trials = 100;
+    ev.settings.screen = Some(8);
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert_eq!(o.screen, Some(8), "{o:?}");
+    assert!(!o.is_full());
+    // Its times rank candidates and are never a reported speedup.
+    assert_eq!(o.speedup_vs("eager"), None);
+    assert_eq!(o.correctness.as_ref().unwrap().trials, 1, "{o:?}");
+    let i = o.integrity.as_ref().unwrap();
+    // Eight timed calls, one watched, one or two warm-ups.
+    assert!((10..=11).contains(&i.calls.unwrap()), "{:?} calls", i.calls);
+    assert_eq!(i.eager_beside, Some(0));
+    assert!(i.checked.unwrap() >= 2, "{i:?}");
+    assert_eq!(
+        i.second_distribution.as_deref(),
+        Some("not run: a screen"),
+        "{i:?}"
+    );
+    let o = eval(&mut ev, "problem_relu.py", "zeros.py").await;
+    assert_eq!(o.status, Status::Incorrect, "{o:?}");
+    assert_eq!(o.failed_check.as_deref(), Some("correctness_trial"));
+
+    ev.settings.screen = None;
+    let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert!(o.is_full());
+    assert_eq!(o.correctness.as_ref().unwrap().trials, 6, "{o:?}");
+    assert!(o.integrity.as_ref().unwrap().calls.unwrap() > 100);
+    // The reference side was not built again.
+    assert!(o.phases["reference"] < 0.01, "{:?}", o.phases);
+    assert_eq!(ev.slot.starts, 1);
+}

@@ -7,7 +7,9 @@
 //! path (load_inline, as KernelBench builds `ModelNew` files). Each copy
 //! differs in a comment, so no compile cache serves it. The table gives the
 //! median wall seconds per candidate, candidates per minute, and the slow
-//! path over the fast path, all measured in this run.
+//! path over the fast path, all measured in this run. With a screen, the
+//! fast-path copies are screened too (`screen N` rows: the first correctness
+//! trial and N timed calls, as exploration screens).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -33,6 +35,8 @@ pub struct Request<'a> {
     pub slow: bool,
     /// Wall-clock limit per candidate.
     pub timeout: Duration,
+    /// Also screen the fast-path copies with this many timed calls.
+    pub screen: Option<u32>,
     /// Where to write every outcome as JSON.
     pub json: Option<&'a Path>,
 }
@@ -40,6 +44,8 @@ pub struct Request<'a> {
 struct Row {
     problem: String,
     path: bench::Path,
+    /// The screen's timed calls, for a row of screens.
+    screen: Option<u32>,
     walls: Vec<f64>,
     outcomes: Vec<Outcome>,
 }
@@ -107,7 +113,15 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         eprintln!("{p}: ready in {prep:.1} s");
         prepared
             .push(serde_json::json!({"problem": p.full_name(), "seconds": prep, "report": report}));
+        // Each candidate judged, then the fast path's screened too.
+        let mut passes = Vec::new();
         for c in CANDIDATES.iter().filter(|c| c.problem == name) {
+            passes.push((c, None));
+            if c.path == bench::Path::Nvrtc && req.screen.is_some() {
+                passes.push((c, req.screen));
+            }
+        }
+        for (c, screen) in passes {
             let copies = match c.path {
                 bench::Path::Nvrtc => req.copies,
                 bench::Path::Triton => req.triton_copies,
@@ -116,19 +130,22 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             let mut row = Row {
                 problem: p.full_name(),
                 path: c.path,
+                screen,
                 walls: Vec::new(),
                 outcomes: Vec::new(),
             };
+            ev.settings.screen = screen;
+            let pass = screen.map_or(String::new(), |n| format!(" screen {n}"));
             for k in 0..copies {
                 let candidate = Candidate::Python {
                     name: format!("{}#{k}", c.file),
-                    code: bench::with_nonce(c, &format!("mtmc bench-env {tag} copy {k}")),
+                    code: bench::with_nonce(c, &format!("mtmc bench-env {tag}{pass} copy {k}")),
                 };
                 let o = runtime
                     .block_on(ev.evaluate(&problem, &candidate))
                     .with_context(|| format!("evaluating {}", candidate.name()))?;
                 eprintln!(
-                    "  {} {}/{copies}: {} in {:.2} s{}",
+                    "  {}{pass} {}/{copies}: {} in {:.2} s{}",
                     c.path.name(),
                     k + 1,
                     o.status.name(),
@@ -156,6 +173,7 @@ fn write_json(path: Option<&Path>, prepared: &[serde_json::Value], rows: &[Row])
             serde_json::json!({
                 "problem": r.problem,
                 "path": r.path.name(),
+                "screen": r.screen,
                 "wall_seconds": r.walls,
                 "outcomes": r.outcomes,
             })
@@ -169,6 +187,8 @@ fn write_json(path: Option<&Path>, prepared: &[serde_json::Value], rows: &[Row])
 
 fn print_table(out: &mut dyn std::io::Write, rows: &[Row]) -> Result<()> {
     let fmt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
+    // A screen's rows give no speedup (`Outcome::speedup_vs` is the full
+    // protocol's only).
     let table_rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -183,7 +203,10 @@ fn print_table(out: &mut dyn std::io::Write, rows: &[Row]) -> Result<()> {
             };
             vec![
                 r.problem.clone(),
-                r.path.name().to_string(),
+                match r.screen {
+                    Some(n) => format!("{}, screen {n}", r.path.name()),
+                    None => r.path.name().to_string(),
+                },
                 r.walls.len().to_string(),
                 correct.to_string(),
                 fmt(r.median(), 2),
@@ -224,7 +247,7 @@ fn print_table(out: &mut dyn std::io::Write, rows: &[Row]) -> Result<()> {
     for p in problems {
         let of = |path| {
             rows.iter()
-                .find(|r| r.problem == p && r.path == path)
+                .find(|r| r.problem == p && r.path == path && r.screen.is_none())
                 .and_then(Row::median)
         };
         if let (Some(fast), Some(slow)) = (of(bench::Path::Nvrtc), of(bench::Path::LoadInline)) {

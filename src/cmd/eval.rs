@@ -63,6 +63,9 @@ pub struct Request<'a> {
     pub strict: bool,
     /// Time eager beside each candidate (`WorkerSettings::paired_eager`).
     pub paired_eager: bool,
+    /// Screen instead of judging: this many timed calls
+    /// (`WorkerSettings::screen`).
+    pub screen: Option<u32>,
     /// Where to write the outcomes as JSON.
     pub json: Option<&'a Path>,
 }
@@ -214,6 +217,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             (req.strict, "--strict"),
             (!req.baseline_cache, "--fresh-baselines"),
             (!req.paired_eager, "--eager-alone"),
+            (req.screen.is_some(), "--screen"),
         ]
         .into_iter()
         .filter_map(|(on, flag)| on.then_some(flag))
@@ -250,6 +254,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         strict: req.strict,
         recompute_references: false,
         paired_eager: req.paired_eager,
+        screen: req.screen,
         limit: req.timeout,
         prepare_limit: req.timeout.max(Duration::from_secs(900)),
     };
@@ -461,6 +466,12 @@ pub fn print(out: &mut dyn std::io::Write, candidate: &str, o: &Outcome) -> Resu
     }
     if let Some(check) = &o.failed_check {
         writeln!(out, "  failed check: {check}")?;
+    }
+    if let Some(calls) = o.screen {
+        writeln!(
+            out,
+            "  a screen, not the full protocol: KernelBench's first correctness trial and {calls} timed call(s); its figures rank candidates and are not reported as the protocol's"
+        )?;
     }
     if o.references_recomputed {
         writeln!(
