@@ -265,6 +265,12 @@ pub(crate) enum Command {
         /// more --episodes than recorded, every program it enumerates).
         #[arg(long)]
         rejudge_changed: bool,
+        /// On a GPU, screen each program first with N timed calls (and
+        /// KernelBench's first correctness trial); only those within 10 %
+        /// of their problem's fastest screen get the full protocol, the
+        /// rest are recorded as `screened`. 0: the full protocol for all.
+        #[arg(long, value_name = "N", default_value_t = mtmc_search::screen::Screening::DEFAULT.calls)]
+        screen: u32,
     },
     /// Judge again, on each chosen problem, every recorded program whose
     /// code this build writes otherwise than the code judged (a coder

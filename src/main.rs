@@ -219,6 +219,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             beyond,
             shallow_first,
             rejudge_changed,
+            screen,
         } => mtmc_search::plan::explore(
             out,
             mtmc_search::plan::ExploreRequest {
@@ -238,6 +239,10 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                     shallow_first,
                 },
                 rejudge_changed,
+                screening: (screen > 0).then_some(mtmc_search::screen::Screening {
+                    calls: screen,
+                    ..mtmc_search::screen::Screening::DEFAULT
+                }),
             },
         ),
         Command::Rejudge {

@@ -2152,6 +2152,8 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     says it is one; the full protocol decides every reported figure."""
     t = torch()
     screen = req.get("screen")
+    if screen:
+        outcome["screen"] = screen
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     tolerance = (atol, rtol, req.get("max_error_to_scale", 1e-2))
     stage = ref["stage"]
@@ -2338,9 +2340,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
 
     # The parameters change in place (the candidate's and the reference's
     # alike): weights derived from them and kept must be recomputed.
-    if screen:
-        outcome["screen"] = screen
-    elif float_parameters(ref["model"]):
+    if not screen and float_parameters(ref["model"]):
         scaled = child.request({"op": "scale", "factor": PARAMETER_SCALE}, deadline)
         if not scaled.get("ok"):
             return runtime_error(outcome, scaled.get("error", "scaling the parameters failed"))

@@ -57,6 +57,11 @@ pub enum Status {
     /// It passed every check, but its time is below what the GPU can do at
     /// all ([`Outcome::add_roofline`]): not a speedup, whatever it printed.
     Implausible,
+    /// It passed a screen ([`Outcome::screen`]: the first correctness
+    /// trial and a short timing), more than the screening margin slower
+    /// than the fastest screened program of its problem, and was not given
+    /// the full protocol: neither correct nor a figure.
+    Screened,
 }
 
 impl Status {
@@ -71,6 +76,7 @@ impl Status {
             Status::Crashed => "crashed",
             Status::CompiledOnly => "compiled_only",
             Status::Implausible => "implausible",
+            Status::Screened => "screened",
         }
     }
 
@@ -78,7 +84,11 @@ impl Status {
     pub fn ran(self) -> bool {
         matches!(
             self,
-            Status::Correct | Status::Incorrect | Status::RuntimeError | Status::Implausible
+            Status::Correct
+                | Status::Incorrect
+                | Status::RuntimeError
+                | Status::Implausible
+                | Status::Screened
         )
     }
 }
@@ -109,6 +119,22 @@ pub struct Timing {
 
 fn cuda_events() -> String {
     "cuda_events".into()
+}
+
+impl Timing {
+    /// `trials` calls of `ms` each, on `clock` (a figure given rather than
+    /// measured: tests, and rules checked against one time).
+    pub fn constant(ms: f64, trials: u32, clock: &str) -> Timing {
+        Timing {
+            mean_ms: ms,
+            median_ms: ms,
+            std_ms: 0.0,
+            min_ms: ms,
+            max_ms: ms,
+            trials,
+            clock: clock.into(),
+        }
+    }
 }
 
 /// A baseline's timing, or why it has none.
@@ -612,15 +638,7 @@ mod tests {
 
     fn timed(mean_ms: f64, clock: &str) -> Outcome {
         let mut o = Outcome::new(EvaluatorKind::Worker, Status::Correct);
-        o.runtime = Some(Timing {
-            mean_ms,
-            median_ms: mean_ms,
-            std_ms: 0.0,
-            min_ms: mean_ms,
-            max_ms: mean_ms,
-            trials: 100,
-            clock: clock.into(),
-        });
+        o.runtime = Some(Timing::constant(mean_ms, 100, clock));
         o
     }
 
@@ -713,15 +731,7 @@ mod tests {
         let achieved = |reference_tf32: bool| {
             let mut o = Outcome::new(EvaluatorKind::Worker, Status::Correct);
             o.reference_tf32 = reference_tf32;
-            o.runtime = Some(Timing {
-                mean_ms: 1.0,
-                median_ms: 1.0,
-                std_ms: 0.0,
-                min_ms: 1.0,
-                max_ms: 1.0,
-                trials: 100,
-                clock: "cuda_events".into(),
-            });
+            o.runtime = Some(Timing::constant(1.0, 100, "cuda_events"));
             o.add_roofline(&g, h100);
             let bound = roofline(&g, h100, o.problem_math()).bound;
             (o.achieved.unwrap().roofline_ms, bound)

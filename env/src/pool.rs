@@ -55,6 +55,14 @@ impl WorkerPool {
         &self.evaluators
     }
 
+    /// Screens the next candidates with `calls` timed calls (none: the
+    /// full protocol), on every slot.
+    pub fn set_screen(&mut self, calls: Option<u32>) {
+        for ev in &mut self.evaluators {
+            ev.settings.screen = calls;
+        }
+    }
+
     /// Evaluates every candidate, each slot taking the next one as soon as
     /// it is free. Must run inside a tokio `LocalSet`-capable runtime
     /// (`current_thread` is enough): the slots run concurrently on one

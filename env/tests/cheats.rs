@@ -708,6 +708,7 @@ async fn a_screen_is_short_says_so_and_shares_the_reference_side() {
     let o = eval(&mut ev, "problem_relu.py", "zeros.py").await;
     assert_eq!(o.status, Status::Incorrect, "{o:?}");
     assert_eq!(o.failed_check.as_deref(), Some("correctness_trial"));
+    assert_eq!(o.screen, Some(8), "a failed screen says it was one");
 
     ev.settings.screen = None;
     let o = eval(&mut ev, "problem_relu.py", "honest.py").await;

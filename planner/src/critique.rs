@@ -191,10 +191,12 @@ impl Diagnosis {
             Status::Crashed,
             Status::CompiledOnly,
         ];
-        // An implausible time reads as incorrect: the feature set (and the
-        // checkpoints trained on it) predates the status.
+        // An implausible time reads as incorrect, a program screened out as
+        // a correct one: the feature set (and the checkpoints trained on
+        // it) predates both statuses.
         let status = match self.status {
             Status::Implausible => Status::Incorrect,
+            Status::Screened => Status::Correct,
             s => s,
         };
         f.extend(statuses.iter().map(|&s| f32::from(status == s)));
@@ -364,15 +366,7 @@ mod tests {
     }
 
     fn timing(ms: f64) -> Timing {
-        Timing {
-            mean_ms: ms,
-            median_ms: ms,
-            std_ms: 0.0,
-            min_ms: ms,
-            max_ms: ms,
-            trials: 10,
-            clock: "cuda_events".into(),
-        }
+        Timing::constant(ms, 10, "cuda_events")
     }
 
     fn correct(ms: f64, eager_ms: f64, roof: f64) -> Outcome {

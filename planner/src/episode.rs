@@ -72,6 +72,9 @@ impl Reward {
             // gains nothing by spending evaluations that cannot improve it.
             Status::Correct if best.is_none() => self.correct,
             Status::Correct => 0.0,
+            // Passed a screen, slower than the fastest screened by more
+            // than the margin: no program to count, nothing wrong.
+            Status::Screened => 0.0,
         };
         let gain = match (d.status, d.speedup_eager) {
             (Status::Correct, Some(s)) if s.is_finite() => {

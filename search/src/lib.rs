@@ -14,6 +14,8 @@
 //!   the replayed comparison of planners, and rejudging the tree.
 //! - [`live`] and [`paired`]: planners compared by searching on the GPU, and
 //!   the paired statistics of two planners.
+//! - [`screen`]: exploration's screening, a short timing before the full
+//!   protocol for the programs near the fastest.
 //! - [`source`], [`subject`], [`files`], [`fmt`], [`interrupt`]: where
 //!   problems come from, what a command works on, the files results go to,
 //!   the text of reports, and Ctrl-C between items of work.
@@ -27,6 +29,7 @@ pub mod live;
 pub mod optimize;
 pub mod paired;
 pub mod plan;
+pub mod screen;
 pub mod source;
 mod steps;
 pub mod subject;

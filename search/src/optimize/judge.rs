@@ -15,6 +15,7 @@ use mtmc_env::pool::WorkerPool;
 
 use super::write;
 use crate::interrupt::Interrupt;
+use crate::screen::{Screening, promoted, screened_out};
 
 /// Judges a KernelBench problem's programs: as exported `ModelNew` files by
 /// persistent workers (kept across problems; one per GPU when the machine
@@ -34,6 +35,14 @@ pub struct ProblemJudge {
     /// The GPU it judges on ([`spec_of`]): what the planner's features,
     /// the critique's bound and the early stop read.
     pub(crate) spec: DeviceSpec,
+    /// Screen the programs of a round before the full protocol
+    /// ([`crate::screen`]).
+    screening: Option<Screening>,
+    /// The fastest screen of each problem so far, ms a call, by name.
+    fastest_screen: std::collections::HashMap<String, f64>,
+    /// Programs screened, and of them given the full protocol.
+    pub(crate) screened: usize,
+    pub(crate) promoted: usize,
 }
 
 /// The spec of the GPU a run judges on, from the driver it probed (`None`:
@@ -94,6 +103,16 @@ impl ProblemJudge {
             Some(d) if gpu && d.gpus.len() > 1 => (0..d.gpus.len() as u32).collect(),
             _ => Vec::new(),
         };
+        ProblemJudge::over(
+            gpu,
+            strict,
+            WorkerPool::new(&gpus, &settings),
+            spec_of(driver.as_ref()),
+        )
+    }
+
+    /// A judge over `pool`, reading `spec` as its GPU's.
+    fn over(gpu: bool, strict: bool, pool: WorkerPool, spec: DeviceSpec) -> ProblemJudge {
         ProblemJudge {
             gpu,
             strict,
@@ -101,10 +120,66 @@ impl ProblemJudge {
                 .enable_all()
                 .build()
                 .expect("a current-thread runtime starts"),
-            pool: WorkerPool::new(&gpus, &settings),
+            pool,
             stop: None,
-            spec: spec_of(driver.as_ref()),
+            spec,
+            screening: None,
+            fastest_screen: std::collections::HashMap::new(),
+            screened: 0,
+            promoted: 0,
         }
+    }
+
+    /// The judge, screening the programs of each round first (none: the
+    /// full protocol for every one). Only judging on a GPU screens.
+    pub fn screening(mut self, screening: Option<Screening>) -> ProblemJudge {
+        self.screening = screening;
+        self
+    }
+
+    /// Screens `candidates`, then gives the full protocol to those within
+    /// the margin of their problem's fastest screen: each one's outcome,
+    /// the full protocol's or its screen's ([`screened_out`] where it passed
+    /// and was not promoted), in order.
+    fn judge_screened(
+        &mut self,
+        problem: &ProblemSource,
+        candidates: Vec<Candidate>,
+        s: Screening,
+    ) -> Result<Vec<Outcome>> {
+        self.pool.set_screen(Some(s.calls));
+        let screens = self.judge_python(problem, candidates.clone());
+        self.pool.set_screen(None);
+        let screens = screens?;
+        let before = self.fastest_screen.get(&problem.name).copied();
+        let (chosen, fastest) = promoted(&screens, before, s.margin);
+        if let Some(f) = fastest {
+            self.fastest_screen.insert(problem.name.clone(), f);
+        }
+        let again: Vec<Candidate> = candidates
+            .into_iter()
+            .zip(&chosen)
+            .filter_map(|(c, &go)| go.then_some(c))
+            .collect();
+        self.screened += screens.len();
+        self.promoted += again.len();
+        let mut full = self.judge_python(problem, again)?.into_iter();
+        Ok(screens
+            .into_iter()
+            .zip(chosen)
+            .map(|(o, go)| {
+                if go {
+                    let mut f = full.next().expect("an outcome per promoted screen");
+                    f.wall_seconds += o.wall_seconds;
+                    f
+                } else {
+                    match fastest {
+                        Some(fastest) => screened_out(o, fastest, s.margin),
+                        None => o,
+                    }
+                }
+            })
+            .collect())
     }
 
     /// The judge, reading `spec` as the GPU it judges on (where a run
@@ -249,7 +324,10 @@ pub(crate) fn judge_programs(
             .map(|_| Outcome::new(EvaluatorKind::CompileOnly, Status::CompiledOnly))
             .collect());
     }
-    let mut outcomes = judge.judge_python(problem, candidates)?;
+    let mut outcomes = match judge.screening {
+        Some(s) => judge.judge_screened(problem, candidates, s)?,
+        None => judge.judge_python(problem, candidates)?,
+    };
     for (o, (g, _, _)) in outcomes.iter_mut().zip(programs) {
         add_roofline(o, g, specs);
     }
@@ -265,5 +343,84 @@ pub(super) fn add_roofline(
 ) {
     if let Some(spec) = find_device(specs, o.device.as_deref().unwrap_or("")) {
         o.add_roofline(g, spec);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mtmc_env::worker::{Protocol, WorkerSlot};
+
+    const CHEATS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../env/tests/cheats");
+
+    fn file(name: &str) -> String {
+        std::fs::read_to_string(format!("{CHEATS}/{name}")).unwrap()
+    }
+
+    /// A round screened by the real judge (on the CPU, with torch): the
+    /// fast program gets the full protocol, the one slower than the margin
+    /// is screened out with its time, the wrong one keeps its screen's
+    /// verdict; the problem's fastest screen stays for the next round.
+    #[test]
+    fn a_round_is_screened_and_only_the_fast_are_judged_in_full() {
+        let Some(python) = std::env::var_os("MTMC_TEST_PYTHON") else {
+            assert!(
+                std::env::var_os("MTMC_EXPECT_TORCH").is_none(),
+                "MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON is not"
+            );
+            return;
+        };
+        let settings = WorkerSettings {
+            protocol: Protocol {
+                trials: 20,
+                ..Protocol::KERNELBENCH_FP32
+            },
+            cpu: true,
+            baselines: vec!["eager".into()],
+            ..WorkerSettings::default()
+        };
+        let pool =
+            WorkerPool::from_slots(vec![WorkerSlot::with_interpreter(python, None)], &settings);
+        let spec = builtin_devices()[0].clone();
+        let mut judge = ProblemJudge::over(true, false, pool, spec).screening(Some(Screening {
+            calls: 4,
+            margin: 0.10,
+        }));
+        let problem = ProblemSource {
+            name: "problem_relu.py".into(),
+            code: file("problem_relu.py"),
+            graph: None,
+        };
+        let candidates = ["honest.py", "honest_slow.py", "zeros.py"]
+            .iter()
+            .map(|f| Candidate::Python {
+                name: f.to_string(),
+                code: file(f),
+            })
+            .collect();
+        let s = judge.screening.unwrap();
+        let o = judge.judge_screened(&problem, candidates, s).unwrap();
+        assert_eq!(o[0].status, Status::Correct, "{:?}", o[0]);
+        assert!(o[0].is_full(), "{:?}", o[0]);
+        assert!(o[0].integrity.as_ref().unwrap().calls.unwrap() > 20);
+        assert_eq!(o[1].status, Status::Screened, "{:?}", o[1]);
+        assert!(
+            o[1].why.as_deref().unwrap().starts_with("screened out: "),
+            "{:?}",
+            o[1].why
+        );
+        assert_eq!(o[1].speedup_vs("eager"), None);
+        assert_eq!(o[2].status, Status::Incorrect, "{:?}", o[2]);
+        assert_eq!(o[2].screen, Some(4));
+        assert_eq!((judge.screened, judge.promoted), (3, 1));
+        // The next round meets the bar the first set: the slow program
+        // alone is screened out again.
+        let slow = vec![Candidate::Python {
+            name: "honest_slow.py".into(),
+            code: file("honest_slow.py"),
+        }];
+        let o = judge.judge_screened(&problem, slow, s).unwrap();
+        assert_eq!(o[0].status, Status::Screened, "{:?}", o[0]);
+        assert_eq!((judge.screened, judge.promoted), (4, 1));
     }
 }

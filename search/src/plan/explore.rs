@@ -49,6 +49,8 @@ pub struct ExploreRequest<'a> {
     /// Judge again the recorded programs whose code changed
     /// ([`Reuse::Unchanged`](super::judging::Reuse::Unchanged)).
     pub rejudge_changed: bool,
+    /// Screen each round's programs before the full protocol (on a GPU).
+    pub screening: Option<crate::screen::Screening>,
 }
 
 /// `mtmc merge`: copies each store of `from`, in order, into `into`.
@@ -118,8 +120,9 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     // Ctrl-C stops between rounds: every step finished is kept, the
     // episode in flight is left unfinished (run again to resume).
     let stop = req.stop.clone();
-    let mut judge =
-        ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false).stopping_on(&stop);
+    let mut judge = ProblemJudge::with_baselines(gpu, req.timeout, true, &["eager"], false)
+        .stopping_on(&stop)
+        .screening(req.screening);
     let name = if req.beyond.kinds.is_empty() {
         loaded.planner.name()
     } else {
@@ -182,6 +185,7 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
     // it not started.
     let mut stopped: Option<(String, usize)> = None;
     let mut started = 0;
+    let began = std::time::Instant::now();
     'problems: for ((p, n), traced) in work.iter().zip(graphs) {
         let g = match traced.graph {
             Ok(g) => g,
@@ -288,6 +292,22 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
         }
     }
     bar.finish_and_clear();
+    if let (true, Some(s)) = (gpu, req.screening) {
+        let minutes = began.elapsed().as_secs_f64() / 60.0;
+        writeln!(
+            out,
+            "screening: {} program(s) screened ({} timed calls each), {} of them within {:.0}% of their problem's fastest screen and given the full protocol; {:.1} programs judged a minute",
+            judge.screened,
+            s.calls,
+            judge.promoted,
+            100.0 * s.margin,
+            if minutes > 0.0 {
+                judge.screened as f64 / minutes
+            } else {
+                0.0
+            }
+        )?;
+    }
     if req.rejudge_changed {
         writeln!(
             out,
