@@ -253,6 +253,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             timeout,
             dry_run,
             failed,
+            gpu,
         } => mtmc_search::plan::rejudge(
             out,
             mtmc_search::plan::RejudgeRequest {
@@ -265,6 +266,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 timeout: std::time::Duration::from_secs(timeout),
                 dry_run,
                 failed,
+                gpu: gpu.as_deref(),
             },
         ),
         Command::Train {
@@ -282,6 +284,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             resume,
             device,
             validation,
+            gpu,
         } => mtmc_search::plan::train(
             out,
             mtmc_search::plan::TrainRequest {
@@ -303,6 +306,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 resume,
                 validation,
                 members: members as usize,
+                gpu: gpu.as_deref(),
             },
         ),
         Command::Compare {
@@ -323,6 +327,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
             table_only,
             reuse_baselines,
             side_by_side,
+            gpu,
         } => {
             if !live {
                 return mtmc_search::plan::compare(
@@ -337,7 +342,13 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         json: json.as_deref(),
                         policy_stops,
                         without: &without,
+                        gpu: gpu.as_deref(),
                     },
+                );
+            }
+            if gpu.is_some() {
+                anyhow::bail!(
+                    "--gpu chooses whose recorded outcomes a replay reads; a live comparison judges on the GPU here and refuses a store of another's: drop --gpu"
                 );
             }
             if !without.is_empty() {

@@ -1259,6 +1259,31 @@ fn the_recorded_h100_tree_trains_and_compares_without_a_gpu() {
     );
     let table = read_json(&json);
     assert_eq!(table["gpu"], "H100");
+    // --gpu reads the store as that GPU's only where it is: the H100's
+    // tree is not the H200's, for a replay nor for training.
+    let err = mtmc(&["compare", "--trajectories", &tree_s, "--gpu", "H200"]).failure();
+    assert!(
+        err.error
+            .contains("holds outcomes judged on the H100, not the H200 (--gpu H200)"),
+        "{}",
+        err.error
+    );
+    let err = mtmc(&[
+        "train",
+        "--trajectories",
+        &tree_s,
+        "--gpu",
+        "H200",
+        "--iterations",
+        "1",
+    ])
+    .failure();
+    assert!(err.error.contains("not the H200"), "{}", err.error);
+    assert!(
+        compare(&["--gpu", "h100"], &json)
+            .stdout
+            .contains("judged on the H100")
+    );
     let geomean = |name: &str| geomean_row(&table, name);
     // Exhaustive search of the recorded tree bounds every planner, and on
     // these outcomes it is well above the library's 1.0x.

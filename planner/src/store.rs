@@ -101,6 +101,28 @@ pub enum StoreError {
         /// The GPU the store merged from names.
         theirs: String,
     },
+    /// A store whose outcomes name more than one GPU.
+    #[error(
+        "trajectory store `{path}` mixes outcomes judged on {gpus}: speedups from two GPUs do not compare in one tree; judge each GPU's programs into a store of its own"
+    )]
+    MixedGpus {
+        /// The file.
+        path: PathBuf,
+        /// Each GPU its outcomes name, with how many.
+        gpus: String,
+    },
+    /// A store of one GPU's outcomes read as another's (`--gpu NAME`).
+    #[error(
+        "trajectory store `{path}` holds outcomes judged on the {recorded}, not the {wanted} (--gpu {wanted}): pass --gpu {recorded}, or a store recorded on the {wanted}"
+    )]
+    NotThatGpu {
+        /// The file.
+        path: PathBuf,
+        /// The GPU the store's outcomes were judged on.
+        recorded: String,
+        /// The GPU asked for.
+        wanted: String,
+    },
     /// A compressed store could not be unpacked.
     #[error("trajectory store `{path}`: cannot unpack it: {source}")]
     Unpack {
@@ -472,6 +494,56 @@ impl Store {
             .query_row("SELECT value FROM meta WHERE key = 'gpu'", [], |r| r.get(0))
             .optional()
             .map_err(|e| self.sql(e))
+    }
+
+    /// The GPU each outcome names (its `device`, as the driver named it),
+    /// with how many outcomes name it, most first.
+    pub fn outcome_gpus(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut q = self
+            .conn
+            .prepare(
+                "SELECT json_extract(outcome, '$.device') AS d, COUNT(*) FROM steps \
+                 WHERE json_valid(outcome) AND d IS NOT NULL GROUP BY d ORDER BY 2 DESC, 1",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows = q
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))
+            .map_err(|e| self.sql(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
+    }
+
+    /// The GPU the store's outcomes were judged on, for a command that
+    /// reads them (`train`, `compare`, `rejudge`): `wanted` (`--gpu NAME`)
+    /// where the store is that GPU's, else the store's own. A store whose
+    /// outcomes name several GPUs is refused ([`StoreError::MixedGpus`]),
+    /// and so is one of another GPU than `wanted`
+    /// ([`StoreError::NotThatGpu`]). Names compare without case, and a
+    /// driver's name holds the table's (`NVIDIA H200` is the `H200`).
+    pub fn gpu_for(&self, wanted: Option<&str>) -> Result<Option<String>, StoreError> {
+        let outcomes = self.outcome_gpus()?;
+        if outcomes.len() > 1 {
+            let gpus: Vec<String> = outcomes.iter().map(|(g, n)| format!("{g} ({n})")).collect();
+            return Err(StoreError::MixedGpus {
+                path: self.path.clone(),
+                gpus: gpus.join(" and "),
+            });
+        }
+        let recorded = self
+            .gpu()?
+            .or_else(|| outcomes.first().map(|(g, _)| g.clone()));
+        let names = |recorded: &str, wanted: &str| {
+            let (r, w) = (recorded.to_lowercase(), wanted.to_lowercase());
+            r == w || r.split_whitespace().any(|word| word == w)
+        };
+        match (recorded, wanted) {
+            (Some(r), Some(w)) if !names(&r, w) => Err(StoreError::NotThatGpu {
+                path: self.path.clone(),
+                recorded: r,
+                wanted: w.to_string(),
+            }),
+            (Some(r), _) => Ok(Some(r)),
+            (None, w) => Ok(w.map(str::to_string)),
+        }
     }
 
     /// Before outcomes judged on the GPU `gpu` (a device table name such

@@ -636,3 +636,73 @@ fn a_store_names_its_gpu_and_refuses_another_s_outcomes() {
     assert_eq!(old_store.claim_gpu("H100").unwrap(), Claim::Unnamed);
     assert_eq!(old_store.gpu().unwrap().as_deref(), Some("H100"));
 }
+
+/// What `train`, `compare` and `rejudge` read a store as: its GPU by
+/// default, `--gpu NAME` only where the store is that GPU's, and never a
+/// store whose outcomes name two GPUs.
+#[test]
+fn a_store_is_read_as_its_gpu_s_and_a_mix_is_refused() {
+    use mtmc_planner::store::StoreError;
+    let dir = tempfile::tempdir().unwrap();
+    let judged_on = |path: &std::path::Path, devices: &[&str]| {
+        let mut store = Store::open(path).unwrap();
+        let p = problem("L1/1", "pointwise");
+        store.put_problem(&p).unwrap();
+        let e = store.begin_episode("L1/1", "random", "test", 0).unwrap();
+        for (k, device) in devices.iter().enumerate() {
+            let mut s = step(e, k, Move::Vectorize(4), 0.5);
+            s.outcome =
+                format!(r#"{{"evaluator":"worker","status":"correct","device":"{device}"}}"#);
+            store.add_step(&p, "test", &s).unwrap();
+        }
+        store.end_episode(e, 1.2).unwrap();
+        store
+    };
+    // Outcomes of one GPU in a store that names none: read as theirs.
+    let one = judged_on(
+        &dir.path().join("one.sqlite"),
+        &["NVIDIA H200", "NVIDIA H200"],
+    );
+    assert_eq!(
+        one.outcome_gpus().unwrap(),
+        [("NVIDIA H200".to_string(), 2)]
+    );
+    assert_eq!(one.gpu_for(None).unwrap().as_deref(), Some("NVIDIA H200"));
+    assert_eq!(
+        one.gpu_for(Some("h200")).unwrap().as_deref(),
+        Some("NVIDIA H200")
+    );
+    match one.gpu_for(Some("H100")) {
+        Err(e @ StoreError::NotThatGpu { .. }) => {
+            let says = e.to_string();
+            assert!(
+                says.contains("judged on the NVIDIA H200, not the H100 (--gpu H100)"),
+                "{says}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // The name the store was claimed under comes first.
+    one.claim_gpu("H200").unwrap();
+    assert_eq!(one.gpu_for(Some("H200")).unwrap().as_deref(), Some("H200"));
+    // Two GPUs' outcomes in one store: refused in one line, with each.
+    let mixed = judged_on(
+        &dir.path().join("mixed.sqlite"),
+        &["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H200"],
+    );
+    match mixed.gpu_for(None) {
+        Err(e @ StoreError::MixedGpus { .. }) => {
+            let says = e.to_string();
+            assert!(
+                says.contains("NVIDIA H200 (2) and NVIDIA H100 80GB HBM3 (1)")
+                    && !says.contains('\n'),
+                "{says}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A store of compile-only outcomes names no GPU: --gpu names it.
+    let none = three_steps(&dir.path().join("none.sqlite"));
+    assert_eq!(none.gpu_for(None).unwrap(), None);
+    assert_eq!(none.gpu_for(Some("H200")).unwrap().as_deref(), Some("H200"));
+}

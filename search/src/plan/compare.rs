@@ -58,6 +58,8 @@ pub struct CompareRequest<'a> {
     /// Action kinds (`KINDS`) left out of every planner's moves, and of
     /// the moves whose programs the exhaustive row counts: an ablation.
     pub without: &'a [String],
+    /// The GPU whose outcomes to read (`--gpu NAME`; none: the store's).
+    pub gpu: Option<&'a str>,
 }
 
 /// Replays each planner on the held-out problems' recorded tree with
@@ -74,10 +76,11 @@ pub fn compare(out: &mut dyn std::io::Write, req: CompareRequest<'_>) -> Result<
         json,
         policy_stops,
         without,
+        gpu,
     } = req;
     let left_out = kinds_mask("--without", without)?;
     let store = Store::open_to_read(store_path)?;
-    let gpu = store.gpu()?;
+    let gpu = store.gpu_for(gpu)?;
     let problems: Vec<TreeProblem> = tree::load_by(&store, recorded_by, &|n| split.knows(n))?
         .into_iter()
         .filter(|p| split.keeps(&p.problem.name) && of_levels(&p.problem.name, levels))

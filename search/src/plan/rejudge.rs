@@ -225,6 +225,8 @@ pub struct RejudgeRequest<'a> {
     /// Also judge again the programs whose recorded judging failed while
     /// they ran ([`failed_running`]), their code unchanged.
     pub failed: bool,
+    /// The GPU the store must be of (`--gpu NAME`; none: the store's).
+    pub gpu: Option<&'a str>,
 }
 
 /// `mtmc rejudge`: [`rejudge_problem`] on each chosen problem the store
@@ -255,6 +257,7 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
     } else {
         Store::open(req.store)?
     };
+    store.gpu_for(req.gpu)?;
     let held: std::collections::BTreeSet<String> =
         store.problems()?.into_iter().map(|p| p.name).collect();
     chosen.retain(|p| held.contains(&p.full_name()));

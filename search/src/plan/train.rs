@@ -65,6 +65,8 @@ pub struct TrainRequest<'a> {
     pub validation: bool,
     /// Policies in the committee (1: one policy).
     pub members: usize,
+    /// The GPU whose outcomes to read (`--gpu NAME`; none: the store's).
+    pub gpu: Option<&'a str>,
 }
 
 /// Trains the policy on the training problems' recorded tree, then the
@@ -81,6 +83,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         );
     }
     let store = Store::open_to_read(req.store)?;
+    let gpu = store.gpu_for(req.gpu)?;
     // The problems it trains on: those the knowledge base may read.
     let split = if req.validation {
         Split::Validation
@@ -135,9 +138,7 @@ pub fn train(out: &mut dyn std::io::Write, req: TrainRequest<'_>) -> Result<()> 
         "train: {} training problem(s) ({} recorded programs{}), {} held out{}; {} iteration(s) of {} episodes on the {}, discount {}{}{}",
         train.len(),
         transitions,
-        store
-            .gpu()?
-            .map_or(String::new(), |g| format!(", judged on the {g}")),
+        gpu.map_or(String::new(), |g| format!(", judged on the {g}")),
         test.len(),
         if req.validation {
             " (test and validation)"
