@@ -1409,8 +1409,9 @@ fn optimize_writes_triton_kernels_for_problems() {
 
 /// A problem with no graph (a model that keeps state across calls, whose
 /// trace does not import) still gets a program: its whole forward as the
-/// problem's own code, said so, written with its report; a planner, which
-/// has nothing to choose there, says where to go instead.
+/// problem's own code, said so, written with its report, and judged
+/// correct call after call; a planner, which has nothing to choose there,
+/// says where to go instead.
 #[test]
 fn a_problem_with_no_graph_is_written_as_its_own_forward() {
     let Some(python) = torch_python() else { return };
@@ -1455,6 +1456,28 @@ fn a_problem_with_no_graph_is_written_as_its_own_forward() {
     assert_eq!(
         report["whole_forward"],
         "malformed trace at node `hidden`: call produced no tensor"
+    );
+    // The judge judges it call after call against its own model fed the
+    // same calls (lockstep), and it is correct.
+    let judged = mtmc(&[
+        "eval",
+        "L1/1",
+        "--kernelbench",
+        kb,
+        "--cpu",
+        "--baselines",
+        "none",
+        "--candidate",
+        out_dir.path().join("model_new.py").to_str().unwrap(),
+    ])
+    .env("MTMC_PYTHON", &python)
+    .env("MTMC_CACHE_DIR", cache.path())
+    .success();
+    assert!(
+        judged.stdout.contains(": correct (worker)")
+            && judged.stdout.contains("every call was mirrored, in order"),
+        "{}",
+        judged.stdout
     );
     let planned = mtmc(&[
         "optimize",

@@ -1528,16 +1528,18 @@ def build_reference(problem, s, device, deadline):
     trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(s["correctness_trials"])]
     check_seeds = trial_seeds + [s["seed"] + 1]
     ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}, "problem": problem}
-    if keeps_state(model, ns, trial_seeds[0], device, s):
-        raise RuntimeError(
-            "the problem's model keeps state across calls (two calls on the same inputs, under the same seed, "
-            "give different outputs): the judge compares each call against reference outputs of their own, "
-            "which such a model does not give, so it is not judged"
-        )
-    ref["reference_tf32"] = reference_tf32(model, ns, trial_seeds[0], device, s)
+    # A model that keeps state across calls is judged in lockstep: each
+    # candidate's calls are mirrored, in order, on a fresh model of the
+    # judge's own (`lockstep_model`), which gives each call's reference.
+    ref["stateful"] = keeps_state(model, ns, trial_seeds[0], device, s)
+    if ref["stateful"]:
+        model = ref["model"] = fresh_model(ref, device, s)
+    ref["reference_tf32"] = reference_tf32((lambda: fresh_model(ref, device, s)) if ref["stateful"] else (lambda: model), ns, trial_seeds[0], device, s)
     refs, kept = [], "device" if device.type == "cuda" else "host"
     if s["references"] == "recompute":
         kept = "recomputed"
+    if ref["stateful"]:
+        kept = "lockstep"
     in_bytes = out_bytes = 0
     ref["mutates_inputs"] = False
     for trial_seed in check_seeds:
@@ -1551,6 +1553,8 @@ def build_reference(problem, s, device, deadline):
         del probe
         in_bytes = max(in_bytes, sum(x.numel() * x.element_size() + 64 for x in inputs if isinstance(x, t.Tensor)))
         out_bytes = max(out_bytes, sum(o.numel() * o.element_size() + 64 for o in outs))
+        if ref["stateful"]:
+            model = ref["model"] = fresh_model(ref, device, s)
         if kept == "device" and not refs:
             # Every check compares against outputs kept on the GPU when all
             # of them take at most about half of its memory; larger ones are
@@ -1562,7 +1566,7 @@ def build_reference(problem, s, device, deadline):
             free += t.cuda.memory_reserved(device) - t.cuda.memory_allocated(device)
             if size > 0.45 * (free + size / sets):
                 kept = "recomputed"
-        refs.append(outs if kept != "recomputed" else None)
+        refs.append(outs if kept not in ("recomputed", "lockstep") else None)
         del inputs, outs
     ref.update(refs=refs, refs_kept=kept)
     if device.type == "cuda" and kept == "recomputed":
@@ -1575,9 +1579,9 @@ def build_reference(problem, s, device, deadline):
         gc.collect()
         t.cuda.empty_cache()
     ref["scaled_ref"] = ref["normal_ref"] = None
-    if kept != "recomputed":
+    if kept not in ("recomputed", "lockstep"):
         ref["normal_ref"] = normal_reference(ref, s, device)
-    if kept != "recomputed" and float_parameters(model):
+    if kept not in ("recomputed", "lockstep") and float_parameters(model):
         inputs = make_inputs(ns, check_seeds[-1], device, s["inputs"])
         ref["scaled_ref"] = with_scaled_parameters(model, lambda: forward_outputs(model, inputs))
         del inputs
@@ -1656,11 +1660,21 @@ def forward_outputs(model, inputs):
     return [o.detach() if isinstance(o, t.Tensor) else t.as_tensor(o) for o in outs]
 
 
+def fresh_model(ref, device, s):
+    """The problem's model built as a runner builds a candidate's: under
+    the seed, from the init inputs."""
+    t = torch()
+    with t.no_grad():
+        set_seed(s["seed"])
+        return ref["ns"]["Model"](*ref["init"]).to(device)
+
+
 def reference_forward(ref, inputs, scaled=False):
     """A forward of the judge's model under the math switches it was first
-    computed with."""
+    computed with: in lockstep (a stateful model), the candidate's own fresh
+    model, which sees every call the candidate sees."""
     t = torch()
-    model = ref["model"]
+    model = ref.get("lock") or ref["model"]
     now = math_flags()
     try:
         set_math_flags(ref["math"])
@@ -1721,10 +1735,12 @@ def keeps_state(model, ns, seed, device, s):
     return len(first) != len(second) or not all(same(a, b) for a, b in zip(first, second))
 
 
-def reference_tf32(model, ns, seed, device, s):
+def reference_tf32(models, ns, seed, device, s):
     """Whether the reference's own outputs are TF32-rounded (cuDNN's float32
     convolutions under torch's default switches): an exact float32
-    candidate cannot meet 1e-4 against such a reference."""
+    candidate cannot meet 1e-4 against such a reference. `models()` gives
+    the model of each of the two forwards (a fresh one for a model that
+    keeps state)."""
     t = torch()
     flags = math_flags()
     if device.type != "cuda" or not (flags["matmul_tf32"] or flags["cudnn_tf32"]):
@@ -1732,9 +1748,9 @@ def reference_tf32(model, ns, seed, device, s):
     inputs = make_inputs(ns, seed, device, s["inputs"])
     try:
         with t.no_grad():
-            rounded = forward_outputs(model, inputs)
+            rounded = forward_outputs(models(), inputs)
             set_math_flags({"matmul_tf32": False, "cudnn_tf32": False, "precision": "highest"})
-            exact = forward_outputs(model, inputs)
+            exact = forward_outputs(models(), inputs)
     finally:
         set_math_flags(flags)
     return any(
@@ -2127,6 +2143,7 @@ def evaluate(req):
             return runtime_error(outcome, f"out of memory beside the judge (the judge's own allocation failed while the candidate's process held the GPU's memory): {error_text(e)}")
         raise
     finally:
+        ref.pop("lock", None)
         if child is not None:
             child.kill()
         start_spare(device)
@@ -2154,6 +2171,10 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     screen = req.get("screen")
     if screen:
         outcome["screen"] = screen
+    if ref["stateful"]:
+        # Lockstep: this candidate's own reference model, fresh as its own.
+        ref["lock"] = fresh_model(ref, device, s)
+        outcome["integrity"]["lockstep"] = True
     atol, rtol = req.get("atol", 1e-4), req.get("rtol", 1e-4)
     tolerance = (atol, rtol, req.get("max_error_to_scale", 1e-2))
     stage = ref["stage"]
@@ -2189,58 +2210,73 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     checks = []
     check_began = _clock()
     trials = [(n, seed, None) for n, seed in enumerate(ref["trial_seeds"])] + [(len(ref["trial_seeds"]), *normal_trial(s, ref))]
-    second = "passed"
+    state = {"second": "passed"}
     if screen:
-        trials, second = trials[:1], "not run: a screen"
+        trials, state["second"] = trials[:1], "not run: a screen"
+    # In lockstep (a model that keeps state) the trial on normal inputs
+    # comes last: one skipped (the reference's outputs not finite there)
+    # would leave the judge's model a call ahead of the candidate's.
+    later = []
+    if ref["stateful"] and not screen:
+        trials, later = trials[:-1], trials[-1:]
+
+    def run_trials(trials):
+        """The trials in order: the verdict of the first that fails, or
+        none."""
+        for n, seed, normal_seed in trials:
+            trial_began = _clock()
+            if normal_seed is not None and isinstance(ref["normal_ref"], str):
+                state["second"] = ref["normal_ref"]
+                return None
+            xs, desc = stage.generate(ref["ns"], seed, s["inputs"], normal_seed)
+            if normal_seed is None:
+                refs = reference_outputs(ref, n, xs)
+            else:
+                refs = ref["normal_ref"] if ref["normal_ref"] is not None else normal_reference(ref, s, device, xs)
+                if isinstance(refs, str):
+                    state["second"] = refs
+                    return None
+            marks = [_clock()]
+            kept = snapshot(xs)
+            marks.append(_clock())
+            child.call(from_runner("CALL"), desc, 1, deadline)
+            error = child.outcome_of_call()
+            if error is not None:
+                outcome["trials_run"] = len(checks)
+                return runtime_error(outcome, error)
+            marks.append(_clock())
+            # Compared where the runner left them (it waits for the judge's
+            # next call): a copy of gigabytes would cost as much as the call.
+            outs = child.outputs(stage, copy=False)
+            check = compare(refs, outs, *tolerance, scale_slack=normal_seed is not None)
+            del outs
+            marks.append(_clock())
+            watched_report()
+            which = "KernelBench's correctness trials" if normal_seed is None else "inputs drawn from a normal distribution"
+            verdict = watch_verdict(len(checks) + 1, which)
+            if verdict is not None:
+                return verdict
+            changed = mutated(kept, xs)
+            if changed is not None:
+                outcome.update(status="incorrect", failed_check="mutation", why=f"the candidate modified input {changed}", trials_run=len(checks) + 1)
+                return outcome
+            del xs, refs, kept
+            checks.append(check)
+            marks.append(_clock())
+            if _DEBUG:
+                steps = [marks[0] - trial_began] + [b - a for a, b in zip(marks, marks[1:])]
+                debug(f"correctness trial {n}: {_clock() - trial_began:.3f} s (" + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in zip(["inputs and reference", "snapshot", "call", "outputs compared", "other checks"], steps)) + ")")
+            if not check["ok"]:
+                if normal_seed is not None:
+                    check["why"] = f"on inputs drawn from a normal distribution (same shapes and dtypes): {check['why']}"
+                outcome.update(status="incorrect", trials_run=len(checks), failed_check="second_distribution" if normal_seed is not None else "correctness_trial", **{k: v for k, v in check.items() if k not in ("ok", "scale")})
+                return outcome
+        return None
+
     child.begin_calls(deadline)
-    for n, seed, normal_seed in trials:
-        trial_began = _clock()
-        if normal_seed is not None and isinstance(ref["normal_ref"], str):
-            second = ref["normal_ref"]
-            break
-        xs, desc = stage.generate(ref["ns"], seed, s["inputs"], normal_seed)
-        if normal_seed is None:
-            refs = reference_outputs(ref, n, xs)
-        else:
-            refs = ref["normal_ref"] if ref["normal_ref"] is not None else normal_reference(ref, s, device, xs)
-            if isinstance(refs, str):
-                second = refs
-                break
-        marks = [_clock()]
-        kept = snapshot(xs)
-        marks.append(_clock())
-        child.call(from_runner("CALL"), desc, 1, deadline)
-        error = child.outcome_of_call()
-        if error is not None:
-            outcome["trials_run"] = len(checks)
-            return runtime_error(outcome, error)
-        marks.append(_clock())
-        # Compared where the runner left them (it waits for the judge's
-        # next call): a copy of gigabytes would cost as much as the call.
-        outs = child.outputs(stage, copy=False)
-        check = compare(refs, outs, *tolerance, scale_slack=normal_seed is not None)
-        del outs
-        marks.append(_clock())
-        watched_report()
-        which = "KernelBench's correctness trials" if normal_seed is None else "inputs drawn from a normal distribution"
-        verdict = watch_verdict(len(checks) + 1, which)
-        if verdict is not None:
-            return verdict
-        changed = mutated(kept, xs)
-        if changed is not None:
-            outcome.update(status="incorrect", failed_check="mutation", why=f"the candidate modified input {changed}", trials_run=len(checks) + 1)
-            return outcome
-        del xs, refs, kept
-        checks.append(check)
-        marks.append(_clock())
-        if _DEBUG:
-            steps = [marks[0] - trial_began] + [b - a for a, b in zip(marks, marks[1:])]
-            debug(f"correctness trial {n}: {_clock() - trial_began:.3f} s (" + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in zip(["inputs and reference", "snapshot", "call", "outputs compared", "other checks"], steps)) + ")")
-        if not check["ok"]:
-            if normal_seed is not None:
-                check["why"] = f"on inputs drawn from a normal distribution (same shapes and dtypes): {check['why']}"
-            outcome.update(status="incorrect", trials_run=len(checks), failed_check="second_distribution" if normal_seed is not None else "correctness_trial", **{k: v for k, v in check.items() if k not in ("ok", "scale")})
-            return outcome
+    verdict = run_trials(trials)
+    if verdict is not None:
+        return verdict
     child.end_calls(deadline)
     outcome.update(
         status="correct",
@@ -2249,7 +2285,7 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         rel_to_scale=max((c["rel_to_scale"] or 0.0) for c in checks),
         check_seconds=_clock() - check_began,
     )
-    outcome["integrity"]["second_distribution"] = second
+    outcome["integrity"]["second_distribution"] = state["second"]
 
     # The timed calls.
     secret = random.SystemRandom()
@@ -2279,6 +2315,12 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         outputs differ or that changed its inputs."""
         if rec.get("error"):
             return False
+        expected = None
+        if ref["stateful"]:
+            # Every call mirrored on the judge's model, compared or not.
+            expected = reference_forward(ref, snapshot(xs) if ref["mutates_inputs"] else xs)
+            if device.type == "cuda":
+                t.cuda.synchronize(device)
         if rec["kind"] == "watched":
             watched_report()
             verdict = watch_verdict(len(checks), "a timed call")
@@ -2291,7 +2333,9 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
         if changed is not None:
             failure["verdict"] = dict(outcome, status="incorrect", failed_check="mutation", why=f"the candidate modified input {changed} on a timed call")
             return True
-        check = compare(reference_forward(ref, snapshot(xs) if ref["mutates_inputs"] else xs), outs, *tolerance)
+        if expected is None:
+            expected = reference_forward(ref, snapshot(xs) if ref["mutates_inputs"] else xs)
+        check = compare(expected, outs, *tolerance)
         if not check["ok"]:
             where = f"call {rec['step'] + 1} of {len(kinds)}, one of {len(checked)} the judge chose at random and compared after it returned"
             failure["verdict"] = dict(outcome, status="incorrect", failed_check="timed_call", why=f"on {where}: {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "scale", "why")})
@@ -2358,6 +2402,14 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
             outcome.pop("runtime", None)
             outcome.update(status="incorrect", failed_check="scaled_parameters", why=f"after its parameters were scaled in place by {PARAMETER_SCALE} (as a training step changes them): {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "why", "scale")})
             return outcome
+    if later:
+        child.begin_calls(deadline)
+        verdict = run_trials(later)
+        if verdict is not None:
+            verdict.pop("runtime", None)
+            return verdict
+        child.end_calls(deadline)
+        outcome["integrity"]["second_distribution"] = state["second"]
     report = child.request({"op": "report"}, deadline)
     outcome["kernels"] = [k for k in report.get("kernels", []) if isinstance(k, dict)][:64]
     outcome["torch_ops"] = dict(sorted((k, v) for k, v in torch_ops.items() if k not in MEMORY_OPS))

@@ -305,6 +305,11 @@ pub struct Integrity {
     /// of its own`, `user id N`, the Landlock rules).
     #[serde(default)]
     pub confinement: Vec<String>,
+    /// Whether the problem's model keeps state across calls, so that the
+    /// judge mirrored every call of the candidate's, in order, on a fresh
+    /// model of its own for each call's reference (lockstep).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lockstep: bool,
     /// The trial on inputs from a normal distribution: `passed`, or why it
     /// was skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]

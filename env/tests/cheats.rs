@@ -545,29 +545,40 @@ async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomput
     assert!(!o.references_recomputed, "{o:?}");
 }
 
-/// A problem whose model keeps state across calls is not judged, with
-/// the reason: the judge's checks compare each call against reference
-/// outputs of their own, which such a model does not give (an honest
-/// candidate would fail them, not for its own fault).
+/// A problem whose model keeps state across calls is judged in lockstep:
+/// each call the candidate gets is mirrored, in order, on a fresh model of
+/// the judge's. A candidate with the same state is correct; one that
+/// forgets it fails on the second correctness trial, and one that stops
+/// updating it once the trials are over fails on a timed call. Problems
+/// without state on the same worker are judged as before, one that writes
+/// to its input among them (each call gets inputs of its own).
 #[tokio::test]
-async fn a_problem_whose_model_keeps_state_is_not_judged_and_says_why() {
+async fn a_problem_whose_model_keeps_state_is_judged_in_lockstep() {
     let Some(python) = torch_python() else { return };
     let _host = HOST.read().await;
     let mut ev = evaluator(python, false, Duration::from_secs(120));
-    let error = ev
-        .evaluate(&problem("problem_stateful.py"), &candidate("honest.py"))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        error.contains("the problem's model keeps state across calls"),
-        "{error}"
-    );
-    // A model without state on the same worker is judged as before, and
-    // so is one that writes to its input (each call gets inputs of its
-    // own): a ReLU is judged on it, and is wrong there.
+    ev.settings.protocol.trials = 40;
+    let o = eval(&mut ev, "problem_stateful.py", "keeps_state.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    let i = o.integrity.as_ref().unwrap();
+    assert!(i.lockstep, "{i:?}");
+    assert_eq!(i.second_distribution.as_deref(), Some("passed"), "{i:?}");
+    let o = eval(&mut ev, "problem_stateful.py", "forgets_state.py").await;
+    assert_eq!(o.status, Status::Incorrect, "{o:?}");
+    assert_eq!(o.failed_check.as_deref(), Some("correctness_trial"));
+    // The first call is right (the state starts at zero), the second not.
+    assert_eq!(o.correctness.as_ref().unwrap().trials, 2, "{o:?}");
+    let o = eval(&mut ev, "problem_stateful.py", "keeps_state_until_timed.py").await;
+    assert_eq!(o.status, Status::Incorrect, "{o:?}");
+    assert_eq!(o.failed_check.as_deref(), Some("timed_call"), "{o:?}");
+    // A screen keeps the lockstep too.
+    ev.settings.screen = Some(8);
+    let o = eval(&mut ev, "problem_stateful.py", "keeps_state.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    ev.settings.screen = None;
     let o = eval(&mut ev, "problem_relu.py", "honest.py").await;
     assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert!(!o.integrity.as_ref().unwrap().lockstep);
     let o = eval(&mut ev, "problem_writes_input.py", "honest.py").await;
     assert_eq!(o.status, Status::Incorrect, "{o:?}");
 }

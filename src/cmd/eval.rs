@@ -441,6 +441,12 @@ fn print_integrity(out: &mut dyn std::io::Write, i: &mtmc_env::outcome::Integrit
             None => writeln!(out)?,
         }
     }
+    if i.lockstep {
+        writeln!(
+            out,
+            "  the problem's model keeps state across calls: every call was mirrored, in order, on a fresh model of the judge's (lockstep)"
+        )?;
+    }
     if let Some(second) = &i.second_distribution {
         writeln!(out, "  inputs from a normal distribution: {second}")?;
     }

@@ -1,7 +1,7 @@
 # Not a cheat: a problem whose model keeps state across calls (forward
 # replaces a tensor attribute), so each output depends on every earlier
-# call. The judge compares each call against reference outputs of their
-# own, which such a model does not give: it says so and judges nothing.
+# call. The judge mirrors each of a candidate's calls, in order, on a fresh
+# model of its own (lockstep) for that call's reference.
 import torch
 import torch.nn as nn
 
