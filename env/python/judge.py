@@ -1530,7 +1530,7 @@ def build_reference(problem, s, device, deadline):
     ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}, "problem": problem}
     # A model that keeps state across calls is judged in lockstep: each
     # candidate's calls are mirrored, in order, on a fresh model of the
-    # judge's own (`lockstep_model`), which gives each call's reference.
+    # judge's own (`fresh_model`), which gives each call's reference.
     ref["stateful"] = keeps_state(model, ns, trial_seeds[0], device, s)
     if ref["stateful"]:
         model = ref["model"] = fresh_model(ref, device, s)
@@ -1674,7 +1674,7 @@ def reference_forward(ref, inputs, scaled=False):
     computed with: in lockstep (a stateful model), the candidate's own fresh
     model, which sees every call the candidate sees."""
     t = torch()
-    model = ref.get("lock") or ref["model"]
+    model = ref["lock"] if ref.get("lock") is not None else ref["model"]
     now = math_flags()
     try:
         set_math_flags(ref["math"])
