@@ -424,3 +424,69 @@ fn out_of_memory_beside_the_kept_references_is_judged_again_with_them_recomputed
     assert_eq!(outcome["status"], "correct", "{outcome}");
     assert_eq!(outcome["references_recomputed"], true, "{outcome}");
 }
+
+/// `explore` on the GPU screens each round: every program gets a short
+/// timing first, and only those near their problem's fastest screen the
+/// full protocol. Each problem has a program judged in full, a program
+/// screened out is recorded as `screened` with no speedup, and one judged
+/// in full has one.
+#[test]
+fn explore_screens_each_round_and_judges_the_fast_in_full() {
+    let Some(_gpu) = gpu() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("tree.sqlite");
+    let problems = ["L1/19", "L1/23", "L2/12"];
+    let mut args = vec!["explore"];
+    args.extend(problems);
+    let (kb, store_s) = (kernelbench(), store.to_string_lossy().to_string());
+    args.extend([
+        "--split",
+        "all",
+        "--planner",
+        "random",
+        "--episodes",
+        "1",
+        "--budget",
+        "8",
+        "--trajectories",
+        &store_s,
+        "--kernelbench",
+        &kb,
+    ]);
+    let s = mtmc(&args).success().stdout;
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("screening: "))
+        .unwrap_or_else(|| panic!("no screening line in {s}"));
+    let count = |after: &str| -> usize {
+        line.split(after)
+            .next()
+            .unwrap()
+            .split(' ')
+            .next_back()
+            .unwrap()
+            .parse()
+            .unwrap_or_else(|_| panic!("{line}"))
+    };
+    let (screened, promoted) = (count(" program(s) screened"), count(" of them within"));
+    assert!(promoted >= problems.len() && promoted <= screened, "{line}");
+    let tree = mtmc_planner::store::Store::open(&store).unwrap();
+    let mut full = 0;
+    for p in tree.problems().unwrap() {
+        for (key, d) in tree.evaluations(&p.name).unwrap() {
+            match d.status {
+                mtmc_env::outcome::Status::Screened => {
+                    assert_eq!(d.speedup_eager, None, "{key}: {d:?}")
+                }
+                mtmc_env::outcome::Status::Correct => {
+                    assert!(d.speedup_eager.is_some(), "{key}: {d:?}");
+                    full += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(full >= problems.len(), "{s}");
+}
