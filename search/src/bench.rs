@@ -34,7 +34,7 @@ use mtmc_env::evaluator::{Candidate, Evaluator, ProblemSource};
 use mtmc_env::native::{Arg, Buffer, CudaProgram, GraphSource, Launch, NativeEvaluator};
 use mtmc_env::worker::Protocol;
 
-use crate::optimize::{ProblemJudge, Target, optimize_problem};
+use crate::optimize::{ProblemJudge, Target};
 
 /// What `mtmc bench` was asked to do.
 pub struct Request<'a> {
@@ -453,7 +453,12 @@ fn bench_one(
     let optimized = result.and_then(|g| match g {
         Ok(g) => {
             record.family = family(&g);
-            let s = optimize_problem(&mut log, p, &g, judge, &out_dir, target);
+            let s = crate::optimize::optimize_problem_or_forward(
+                &mut log, p, &g, judge, &out_dir, target,
+            );
+            if s.as_ref().is_ok_and(|s| s.whole_forward) {
+                record.family = "whole forward".into();
+            }
             graph = Some(g);
             s
         }
@@ -461,7 +466,13 @@ fn bench_one(
         // strict mode, which wants kernels).
         Err(why) if !judge.strict => {
             record.family = "whole forward".into();
-            crate::optimize::optimize_whole_forward(&mut log, p, judge, &out_dir, &why)
+            crate::optimize::optimize_whole_forward(
+                &mut log,
+                p,
+                judge,
+                &out_dir,
+                crate::optimize::WholeForward::NoGraph(&why),
+            )
         }
         Err(why) => Err(anyhow::anyhow!("{p} has no graph: {why}")),
     });

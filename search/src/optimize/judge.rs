@@ -130,6 +130,22 @@ impl ProblemJudge {
         }
     }
 
+    /// A judge whose one worker runs on the CPU with `python` (tests: the
+    /// real judge, timed by the host clock), judging as on a GPU.
+    #[cfg(test)]
+    pub(crate) fn on_cpu_worker(
+        python: std::ffi::OsString,
+        settings: WorkerSettings,
+    ) -> ProblemJudge {
+        let settings = WorkerSettings {
+            cpu: true,
+            ..settings
+        };
+        let slot = mtmc_env::worker::WorkerSlot::with_interpreter(python, None);
+        let pool = WorkerPool::from_slots(vec![slot], &settings);
+        ProblemJudge::over(true, false, pool, builtin_devices()[0].clone())
+    }
+
     /// The judge, screening the programs of each round first (none: the
     /// full protocol for every one). Only judging on a GPU screens.
     pub fn screening(mut self, screening: Option<Screening>) -> ProblemJudge {
@@ -334,6 +350,19 @@ pub(crate) fn judge_programs(
     Ok(outcomes)
 }
 
+/// A Python with torch for the worker's CPU mode (`$MTMC_TEST_PYTHON`); a
+/// missing one fails where `MTMC_EXPECT_TORCH` asks for it (scripts/test),
+/// else skips.
+#[cfg(test)]
+pub(crate) fn test_python() -> Option<std::ffi::OsString> {
+    let python = std::env::var_os("MTMC_TEST_PYTHON");
+    assert!(
+        python.is_some() || std::env::var_os("MTMC_EXPECT_TORCH").is_none(),
+        "MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON is not"
+    );
+    python
+}
+
 /// The roofline of the graph on the outcome's GPU, under the math the
 /// problem allows (convolutions at TF32 only where the reference's were).
 pub(super) fn add_roofline(
@@ -349,7 +378,7 @@ pub(super) fn add_roofline(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mtmc_env::worker::{Protocol, WorkerSlot};
+    use mtmc_env::worker::Protocol;
 
     const CHEATS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../env/tests/cheats");
 
@@ -363,13 +392,7 @@ mod tests {
     /// verdict; the problem's fastest screen stays for the next round.
     #[test]
     fn a_round_is_screened_and_only_the_fast_are_judged_in_full() {
-        let Some(python) = std::env::var_os("MTMC_TEST_PYTHON") else {
-            assert!(
-                std::env::var_os("MTMC_EXPECT_TORCH").is_none(),
-                "MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON is not"
-            );
-            return;
-        };
+        let Some(python) = test_python() else { return };
         let settings = WorkerSettings {
             protocol: Protocol {
                 trials: 20,
@@ -379,10 +402,7 @@ mod tests {
             baselines: vec!["eager".into()],
             ..WorkerSettings::default()
         };
-        let pool =
-            WorkerPool::from_slots(vec![WorkerSlot::with_interpreter(python, None)], &settings);
-        let spec = builtin_devices()[0].clone();
-        let mut judge = ProblemJudge::over(true, false, pool, spec).screening(Some(Screening {
+        let mut judge = ProblemJudge::on_cpu_worker(python, settings).screening(Some(Screening {
             calls: 4,
             margin: 0.10,
         }));

@@ -96,6 +96,7 @@ pub fn optimize_problem_llm(
         best: found.best.as_ref().map(|b| b.3.clone()),
         params: found.best.as_ref().map(|b| b.2),
         interrupted: found.interrupted,
+        whole_forward: false,
     };
     conclude(out, out_dir, &p.full_name(), found, g, |program| {
         write_model_new(out_dir, g, program, &p.code, false)

@@ -244,7 +244,13 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                 // No graph: the whole forward stays the problem's code (not
                 // in strict mode, which wants kernels).
                 Err(why) if !req.strict && matches!(req.coder, Coder::Template) => {
-                    let summary = optimize_whole_forward(out, p, &mut judge, req.out_dir, &why)?;
+                    let summary = optimize_whole_forward(
+                        out,
+                        p,
+                        &mut judge,
+                        req.out_dir,
+                        WholeForward::NoGraph(&why),
+                    )?;
                     if summary.best.is_none() {
                         bail!(
                             "the problem's own forward was not correct either; the attempt is in {}",
@@ -257,7 +263,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
             };
             let summary = match &req.coder {
                 Coder::Template => {
-                    optimize_problem(out, p, &g, &mut judge, req.out_dir, req.target)?
+                    optimize_problem_or_forward(out, p, &g, &mut judge, req.out_dir, req.target)?
                 }
                 Coder::Llm(l) => {
                     if req.strict {
@@ -288,21 +294,47 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     }
 }
 
-/// Optimizes problem `p` that has no graph (`why`): its one program is the
-/// whole forward as the problem's own PyTorch code
-/// ([`mtmc_coder::export::whole_forward`]), judged by the worker on a GPU
-/// (not run without one), written to `out_dir` with its report.
+/// Why a problem's program is its whole forward.
+#[derive(Clone, Copy, Debug)]
+pub enum WholeForward<'a> {
+    /// The problem has no graph (the reason).
+    NoGraph(&'a str),
+    /// No program of its graph was correct on the GPU (its attempts stay
+    /// in the report).
+    NoneCorrect,
+}
+
+impl WholeForward<'_> {
+    /// The reason, as the report gives it.
+    fn why(self) -> String {
+        match self {
+            WholeForward::NoGraph(why) => why.to_string(),
+            WholeForward::NoneCorrect => "no program of its graph was correct".into(),
+        }
+    }
+}
+
+/// Optimizes problem `p` whose program is the whole forward as the
+/// problem's own PyTorch code ([`mtmc_coder::export::whole_forward`]): it
+/// has no graph, or (the last resort) no program of its graph was correct.
+/// Judged by the worker on a GPU (not run without one), written to
+/// `out_dir` with its report (the graph's attempts kept before it).
 pub fn optimize_whole_forward(
     out: &mut dyn std::io::Write,
     p: &mtmc_actions::problem::Problem,
     judge: &mut ProblemJudge,
     out_dir: &Path,
-    why: &str,
+    reason: WholeForward<'_>,
 ) -> Result<Summary> {
     let problem = problem_source(p)?;
+    let why = reason.why();
     writeln!(
         out,
-        "{p}: no graph ({why}): the whole forward stays the problem's own PyTorch code; {}",
+        "{p}: {}: the whole forward stays the problem's own PyTorch code; {}",
+        match reason {
+            WholeForward::NoGraph(why) => format!("no graph ({why})"),
+            WholeForward::NoneCorrect => why.clone(),
+        },
         if judge.gpu {
             "judged by the worker against the PyTorch model"
         } else {
@@ -335,12 +367,31 @@ pub fn optimize_whole_forward(
     writeln!(out, "  whole forward: {line}")?;
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create `{}`", out_dir.display()))?;
-    let report = serde_json::json!({
-        "subject": p.full_name(),
-        "whole_forward": why,
-        "library_calls": ["the whole forward"],
-        "attempts": [{"whole_forward": true, "outcome": o}],
-    });
+    let attempt = serde_json::json!({"whole_forward": true, "outcome": o});
+    let earlier = match reason {
+        WholeForward::NoneCorrect => std::fs::read_to_string(out_dir.join("report.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()),
+        WholeForward::NoGraph(_) => None,
+    };
+    let report = match earlier {
+        // The graph's attempts first, then this one.
+        Some(mut r) => {
+            r["whole_forward"] = why.clone().into();
+            r["library_calls"] = serde_json::json!(["the whole forward"]);
+            match r["attempts"].as_array_mut() {
+                Some(a) => a.push(attempt),
+                None => r["attempts"] = serde_json::json!([attempt]),
+            }
+            r
+        }
+        None => serde_json::json!({
+            "subject": p.full_name(),
+            "whole_forward": why,
+            "library_calls": ["the whole forward"],
+            "attempts": [attempt],
+        }),
+    };
     write(
         out_dir,
         "report.json",
@@ -366,6 +417,31 @@ pub fn optimize_whole_forward(
         best: usable.then_some(o),
         params: None,
         interrupted: false,
+        whole_forward: true,
+    })
+}
+
+/// [`optimize_problem`], then, where a GPU judged and no program of the
+/// graph was correct (not in strict mode, which wants kernels), the whole
+/// forward as the last resort ([`WholeForward::NoneCorrect`]).
+pub fn optimize_problem_or_forward(
+    out: &mut dyn std::io::Write,
+    p: &mtmc_actions::problem::Problem,
+    g: &OpGraph,
+    judge: &mut ProblemJudge,
+    out_dir: &Path,
+    target: Target,
+) -> Result<Summary> {
+    let summary = optimize_problem(out, p, g, judge, out_dir, target)?;
+    if summary.best.is_some() || summary.interrupted || !judge.gpu || judge.strict {
+        return Ok(summary);
+    }
+    let last = optimize_whole_forward(out, p, judge, out_dir, WholeForward::NoneCorrect)?;
+    Ok(Summary {
+        variants: summary.variants + last.variants,
+        judged: summary.judged + last.judged,
+        correct: summary.correct + last.correct,
+        ..last
     })
 }
 
@@ -391,6 +467,8 @@ pub struct Summary {
     /// Whether a signal stopped the search (the judge's stop): the best
     /// so far is written, the variant in flight not kept.
     pub interrupted: bool,
+    /// Whether the program is the whole forward as the problem's code.
+    pub whole_forward: bool,
 }
 
 /// Optimizes one KernelBench problem: every variant built, judged and
@@ -434,6 +512,7 @@ pub fn optimize_problem(
         best: None,
         params: None,
         interrupted: false,
+        whole_forward: false,
     };
     let stopped = judge.stop_flag();
     let mut attempts = Vec::new();
@@ -773,5 +852,76 @@ mod tests {
         // A graph without a fold has no fallback.
         let layout_only = Rewritten::all_but(&g, vec!["fold_into_weights"]).unwrap();
         assert!(without_fold(&g, &layout_only, &[]).is_none());
+    }
+
+    /// The last resort on the real judge (its worker on the CPU): a graph
+    /// none of whose programs is correct for the problem (here the graph
+    /// of `x * 2`, the problem a ReLU: what a trace that took another
+    /// branch of the forward's Python would give) ends with the whole
+    /// forward, correct, written, and the graph's attempts kept before it
+    /// in the report.
+    #[test]
+    fn no_correct_program_of_the_graph_ends_with_the_whole_forward() {
+        let Some(python) = judge::test_python() else {
+            return;
+        };
+        let mut judge = ProblemJudge::on_cpu_worker(
+            python,
+            mtmc_env::evaluator::WorkerSettings {
+                protocol: mtmc_env::worker::Protocol {
+                    trials: 5,
+                    ..mtmc_env::worker::Protocol::KERNELBENCH_FP32
+                },
+                baselines: vec!["eager".into()],
+                ..mtmc_env::evaluator::WorkerSettings::default()
+            },
+        );
+        let p = mtmc_actions::problem::Problem {
+            level: 1,
+            number: 1,
+            name: "1_Relu".into(),
+            code: "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n\n\ndef get_inputs():\n    return [torch.randn(64, 32)]\n\n\ndef get_init_inputs():\n    return []\n".into(),
+        };
+        let bindings = mtmc_actions::intent::Bindings {
+            shapes: mtmc_actions::intent::parse_shapes("x=64x32").unwrap(),
+            dtype: None,
+        };
+        let g = mtmc_actions::intent::compile("y = x * 2.0", &bindings).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut out = Vec::new();
+        let s = optimize_problem_or_forward(&mut out, &p, &g, &mut judge, dir.path(), Target::Cuda)
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(s.whole_forward, "{text}");
+        assert_eq!(
+            s.best.as_ref().map(|o| o.status),
+            Some(Status::Correct),
+            "{text}"
+        );
+        assert!(
+            text.contains("no program of its graph was correct: the whole forward stays the problem's own PyTorch code"),
+            "{text}"
+        );
+        let code = std::fs::read_to_string(dir.path().join("model_new.py")).unwrap();
+        assert!(
+            code.contains("self.reference_parameters(*args, **kwargs)"),
+            "{code}"
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            report["whole_forward"],
+            "no program of its graph was correct"
+        );
+        let attempts = report["attempts"].as_array().unwrap();
+        assert!(attempts.len() >= 2, "{report}");
+        assert!(
+            attempts[..attempts.len() - 1]
+                .iter()
+                .all(|a| a["outcome"]["status"] != "correct"),
+            "{report}"
+        );
+        assert_eq!(attempts.last().unwrap()["whole_forward"], true);
     }
 }
