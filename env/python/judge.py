@@ -2214,8 +2214,9 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
     if screen:
         trials, state["second"] = trials[:1], "not run: a screen"
     # In lockstep (a model that keeps state) the trial on normal inputs
-    # comes last: one skipped (the reference's outputs not finite there)
-    # would leave the judge's model a call ahead of the candidate's.
+    # comes after the timed calls: one skipped (the reference's outputs not
+    # finite there) would leave the judge's model a call ahead of the
+    # candidate's, and only the check with scaled parameters comes after.
     later = []
     if ref["stateful"] and not screen:
         trials, later = trials[:-1], trials[-1:]
@@ -2235,6 +2236,9 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
                 refs = ref["normal_ref"] if ref["normal_ref"] is not None else normal_reference(ref, s, device, xs)
                 if isinstance(refs, str):
                     state["second"] = refs
+                    # The judge's model in lockstep took the call (or part
+                    # of it) and the candidate's did not.
+                    state["out_of_step"] = ref["stateful"]
                     return None
             marks = [_clock()]
             kept = snapshot(xs)
@@ -2382,9 +2386,20 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
             outcome.update(status="incorrect", failed_check="work_between_calls", why=f"the GPU was busy with the candidate's work between its calls: the judge's L2 flush {where}")
             return outcome
 
+    # In lockstep the trial on normal inputs, before the parameters are
+    # scaled (the candidate's stay scaled, the judge's model's do not).
+    if later:
+        child.begin_calls(deadline)
+        verdict = run_trials(later)
+        if verdict is not None:
+            verdict.pop("runtime", None)
+            return verdict
+        child.end_calls(deadline)
+        outcome["integrity"]["second_distribution"] = state["second"]
+
     # The parameters change in place (the candidate's and the reference's
     # alike): weights derived from them and kept must be recomputed.
-    if not screen and float_parameters(ref["model"]):
+    if not screen and not state.get("out_of_step") and float_parameters(ref["model"]):
         scaled = child.request({"op": "scale", "factor": PARAMETER_SCALE}, deadline)
         if not scaled.get("ok"):
             return runtime_error(outcome, scaled.get("error", "scaling the parameters failed"))
@@ -2402,14 +2417,6 @@ def judge_candidate(req, s, ref, child, outcome, device, deadline):
             outcome.pop("runtime", None)
             outcome.update(status="incorrect", failed_check="scaled_parameters", why=f"after its parameters were scaled in place by {PARAMETER_SCALE} (as a training step changes them): {check['why']}", **{k: v for k, v in check.items() if k not in ("ok", "why", "scale")})
             return outcome
-    if later:
-        child.begin_calls(deadline)
-        verdict = run_trials(later)
-        if verdict is not None:
-            verdict.pop("runtime", None)
-            return verdict
-        child.end_calls(deadline)
-        outcome["integrity"]["second_distribution"] = state["second"]
     report = child.request({"op": "report"}, deadline)
     outcome["kernels"] = [k for k in report.get("kernels", []) if isinstance(k, dict)][:64]
     outcome["torch_ops"] = dict(sorted((k, v) for k, v in torch_ops.items() if k not in MEMORY_OPS))

@@ -571,6 +571,19 @@ async fn a_problem_whose_model_keeps_state_is_judged_in_lockstep() {
     let o = eval(&mut ev, "problem_stateful.py", "keeps_state_until_timed.py").await;
     assert_eq!(o.status, Status::Incorrect, "{o:?}");
     assert_eq!(o.failed_check.as_deref(), Some("timed_call"), "{o:?}");
+    // With parameters: every check passes in step, the one with the
+    // parameters scaled last.
+    let o = eval(
+        &mut ev,
+        "problem_stateful_linear.py",
+        "keeps_state_linear.py",
+    )
+    .await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert_eq!(
+        o.integrity.as_ref().unwrap().second_distribution.as_deref(),
+        Some("passed")
+    );
     // A screen keeps the lockstep too.
     ev.settings.screen = Some(8);
     let o = eval(&mut ev, "problem_stateful.py", "keeps_state.py").await;
