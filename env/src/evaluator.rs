@@ -190,7 +190,13 @@ impl WorkerEvaluator {
         let limit = self.settings.prepare_limit;
         let report = self.slot.request(request, limit).await?;
         self.prepared = Some(problem.code.clone());
-        self.references_kept = report["refs_kept"] != "recomputed";
+        // Kept on the device or the host; recomputed for each check, or
+        // given call by call in lockstep (a model that keeps state), there
+        // is nothing to free by judging again.
+        self.references_kept = !matches!(
+            report["refs_kept"].as_str(),
+            Some("recomputed" | "lockstep")
+        );
         Ok(report)
     }
 }
