@@ -437,7 +437,7 @@ fn explore_screens_each_round_and_judges_the_fast_in_full() {
     };
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("tree.sqlite");
-    let problems = ["L1/19", "L1/23", "L2/12"];
+    let problems = ["L1/19", "L1/24", "L2/12"];
     let mut args = vec!["explore"];
     args.extend(problems);
     let (kb, store_s) = (kernelbench(), store.to_string_lossy().to_string());
