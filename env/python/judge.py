@@ -1520,14 +1520,12 @@ def build_reference(problem, s, device, deadline):
     t = torch()
     name = problem.get("name", "problem")
     ns = from_runner("load_module")(name, problem["code"], name)
-    init = ns["get_init_inputs"]()
-    with t.no_grad():
-        set_seed(s["seed"])
-        model = ns["Model"](*init).to(device)
+    ref = {"ns": ns, "init": ns["get_init_inputs"](), "math": math_flags(), "baselines": {}, "problem": problem}
+    model = ref["model"] = fresh_model(ref, device, s)
     set_seed(s["seed"])
     trial_seeds = [int(t.randint(0, 2**32 - 1, (1,)).item()) for _ in range(s["correctness_trials"])]
     check_seeds = trial_seeds + [s["seed"] + 1]
-    ref = {"ns": ns, "init": init, "model": model, "trial_seeds": trial_seeds, "check_seeds": check_seeds, "math": math_flags(), "baselines": {}, "problem": problem}
+    ref.update(trial_seeds=trial_seeds, check_seeds=check_seeds)
     # A model that keeps state across calls is judged in lockstep: each
     # candidate's calls are mirrored, in order, on a fresh model of the
     # judge's own (`fresh_model`), which gives each call's reference.
