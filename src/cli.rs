@@ -22,6 +22,16 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+/// `--gpu NAME` of the commands that read a trajectory store.
+#[derive(clap::Args)]
+pub(crate) struct StoreGpu {
+    /// The GPU whose outcomes the store holds (`H100`, `H200`; default:
+    /// the store's own): a store of another GPU's outcomes, or of several
+    /// GPUs', is refused.
+    #[arg(long = "gpu", value_name = "NAME")]
+    pub(crate) name: Option<String>,
+}
+
 /// A KernelBench problem by name, or an intent program.
 #[derive(clap::Args)]
 pub(crate) struct SubjectArgs {
@@ -308,11 +318,8 @@ pub(crate) enum Command {
         /// reference outputs), or a passing one.
         #[arg(long)]
         failed: bool,
-        /// The GPU whose outcomes the store holds (`H100`, `H200`; default:
-        /// the store's own): a store of another GPU's outcomes, or of
-        /// several GPUs', is refused.
-        #[arg(long, value_name = "NAME")]
-        gpu: Option<String>,
+        #[command(flatten)]
+        gpu: StoreGpu,
     },
     /// Train the planner with PPO on the recorded trajectory tree (no GPU
     /// needed), then the reward-to-go model; write the checkpoint, curves
@@ -369,11 +376,8 @@ pub(crate) enum Command {
         /// out of training too, to choose settings on them.
         #[arg(long)]
         validation: bool,
-        /// The GPU whose outcomes the store holds (`H100`, `H200`; default:
-        /// the store's own): a store of another GPU's outcomes, or of
-        /// several GPUs', is refused.
-        #[arg(long, value_name = "NAME")]
-        gpu: Option<String>,
+        #[command(flatten)]
+        gpu: StoreGpu,
     },
     /// Compare the planners (trained, random, greedy, exhaustive) on the
     /// recorded outcomes of the held-out problems: geomean speedup, fast_1,
@@ -477,11 +481,8 @@ pub(crate) enum Command {
             conflicts_with = "table_only"
         )]
         side_by_side: usize,
-        /// The GPU whose outcomes the store holds (`H100`, `H200`; default:
-        /// the store's own): a store of another GPU's outcomes, or of
-        /// several GPUs', is refused.
-        #[arg(long, value_name = "NAME")]
-        gpu: Option<String>,
+        #[command(flatten)]
+        gpu: StoreGpu,
     },
     /// Merge trajectory stores (say, recorded on several machines) into
     /// one: every problem, episode, step and judged program. The stores

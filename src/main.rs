@@ -266,7 +266,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 timeout: std::time::Duration::from_secs(timeout),
                 dry_run,
                 failed,
-                gpu: gpu.as_deref(),
+                gpu: gpu.name.as_deref(),
             },
         ),
         Command::Train {
@@ -306,7 +306,7 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                 resume,
                 validation,
                 members: members as usize,
-                gpu: gpu.as_deref(),
+                gpu: gpu.name.as_deref(),
             },
         ),
         Command::Compare {
@@ -342,11 +342,11 @@ fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
                         json: json.as_deref(),
                         policy_stops,
                         without: &without,
-                        gpu: gpu.as_deref(),
+                        gpu: gpu.name.as_deref(),
                     },
                 );
             }
-            if gpu.is_some() {
+            if gpu.name.is_some() {
                 anyhow::bail!(
                     "--gpu chooses whose recorded outcomes a replay reads; a live comparison judges on the GPU here and refuses a store of another's: drop --gpu"
                 );
