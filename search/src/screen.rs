@@ -27,12 +27,14 @@ impl Screening {
     };
 }
 
-/// A screened program's time a call, where it passed the screen.
+/// A screened program's time a call, where it passed the screen. Zero is
+/// a time: a call shorter than the judge's call that does nothing reads 0
+/// once that call's span is taken off.
 fn screened_ms(o: &Outcome) -> Option<f64> {
     (o.status == Status::Correct && o.screen.is_some())
         .then(|| o.runtime.as_ref().map(|r| r.mean_ms))
         .flatten()
-        .filter(|ms| ms.is_finite() && *ms > 0.0)
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
 }
 
 /// Which of a round's screens go on to the full protocol: every one that
@@ -124,5 +126,14 @@ mod tests {
             promoted(&[full, untimed, screen(Status::Correct, 3.0)], None, 0.10);
         assert_eq!(chosen, [false, false, true]);
         assert_eq!(fastest, Some(3.0));
+        // A screen at 0 ms (shorter than the call that does nothing) is
+        // the fastest, and goes on.
+        let (chosen, fastest) = promoted(
+            &[screen(Status::Correct, 0.0), screen(Status::Correct, 3.0)],
+            None,
+            0.10,
+        );
+        assert_eq!(chosen, [true, false]);
+        assert_eq!(fastest, Some(0.0));
     }
 }
