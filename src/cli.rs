@@ -18,6 +18,13 @@ pub(crate) struct Cli {
     #[arg(long, global = true, env = source::KERNELBENCH_ENV, value_name = "PATH")]
     pub(crate) kernelbench: Option<PathBuf>,
 
+    /// Judge on the workers of this Dask cluster (its scheduler's address,
+    /// `tcp://HOST:8786`) instead of this machine's GPUs: explore, bench,
+    /// rejudge, compare --live, optimize and eval. Each worker needs the
+    /// resource `judge` and one GPU (docs/cluster.md).
+    #[arg(long, global = true, env = mtmc_env::cluster::CLUSTER_ENV, value_name = "ADDRESS")]
+    pub(crate) cluster: Option<String>,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }

@@ -18,6 +18,24 @@ use cli::{Cli, CoderKind, Command};
 
 fn run(cli: Cli, out: &mut dyn std::io::Write) -> Result<()> {
     let kb = cli.kernelbench.as_deref();
+    if let Some(address) = &cli.cluster {
+        let judges = match &cli.command {
+            Command::Explore { .. }
+            | Command::Bench { .. }
+            | Command::Rejudge { .. }
+            | Command::Optimize { .. }
+            | Command::Eval { .. } => true,
+            Command::Compare { live, .. } => *live,
+            _ => false,
+        };
+        if !judges {
+            anyhow::bail!(
+                "--cluster (or MTMC_CLUSTER): this command judges nothing; explore, bench, rejudge, compare --live, optimize and eval judge on a cluster"
+            );
+        }
+        mtmc_search::cluster::connect(out, address)
+            .with_context(|| format!("--cluster {address}"))?;
+    }
     match cli.command {
         Command::Problems { level } => cmd::problems::run(out, kb, level),
         Command::Show { subject, device } => {

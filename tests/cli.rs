@@ -5,7 +5,7 @@ mod common;
 
 use common::{
     interrupted, interrupted_report, mtmc, python3_has_torch, read_json, shared_jsonl,
-    shared_problem_code,
+    shared_problem_code, torch_python,
 };
 
 #[test]
@@ -565,17 +565,6 @@ fn eval_without_a_gpu_compiles_the_candidates_cuda_and_runs_nothing() {
     let saved = read_json(&json);
     assert_eq!(saved[0]["outcome"]["status"], "compiled_only");
     assert_eq!(saved[0]["outcome"]["evaluator"], "compile_only");
-}
-
-/// A Python with torch for the worker's CPU mode: `$MTMC_TEST_PYTHON`.
-fn torch_python() -> Option<String> {
-    match std::env::var("MTMC_TEST_PYTHON") {
-        Ok(p) => Some(p),
-        Err(_) if std::env::var_os("MTMC_EXPECT_TORCH").is_some() => {
-            panic!("MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON is not")
-        }
-        Err(_) => None,
-    }
 }
 
 #[test]

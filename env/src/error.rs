@@ -13,6 +13,9 @@ pub enum EvalError {
     /// NVRTC could not be used.
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
+    /// The cluster's judges could not be reached or were lost.
+    #[error("{0}")]
+    Cluster(String),
     /// This evaluator cannot judge this kind of candidate or problem.
     #[error("{0}")]
     Unsupported(String),

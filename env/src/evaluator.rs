@@ -131,6 +131,31 @@ impl Default for WorkerSettings {
     }
 }
 
+/// The worker's request `op` (`prepare`, `eval`) of `problem` under
+/// `settings`, without a candidate.
+pub(crate) fn request(s: &WorkerSettings, op: &str, problem: &ProblemSource) -> serde_json::Value {
+    let p = &s.protocol;
+    serde_json::json!({
+        "op": op,
+        "problem": {"name": problem.name, "code": problem.code},
+        "seed": p.seed,
+        "correctness_trials": p.correctness_trials,
+        "warmup": p.warmup,
+        "trials": p.trials,
+        "atol": p.atol,
+        "rtol": p.rtol,
+        "baselines": s.baselines,
+        "baseline_cache": s.baseline_cache,
+        "inputs": if s.inputs_on_device { "device" } else { "host" },
+        "device": if s.cpu { "cpu" } else { "cuda" },
+        "strict": s.strict,
+        "references": if s.recompute_references { "recompute" } else { "auto" },
+        "paired_eager": s.paired_eager,
+        "screen": s.screen,
+        "limit_seconds": if op == "prepare" { s.prepare_limit } else { s.limit }.as_secs_f64(),
+    })
+}
+
 /// The Python worker behind [`Evaluator`].
 pub struct WorkerEvaluator {
     /// The worker process slot (started lazily, replaced after faults).
@@ -156,27 +181,7 @@ impl WorkerEvaluator {
     }
 
     fn request(&self, op: &str, problem: &ProblemSource) -> serde_json::Value {
-        let s = &self.settings;
-        let p = &s.protocol;
-        serde_json::json!({
-            "op": op,
-            "problem": {"name": problem.name, "code": problem.code},
-            "seed": p.seed,
-            "correctness_trials": p.correctness_trials,
-            "warmup": p.warmup,
-            "trials": p.trials,
-            "atol": p.atol,
-            "rtol": p.rtol,
-            "baselines": s.baselines,
-            "baseline_cache": s.baseline_cache,
-            "inputs": if s.inputs_on_device { "device" } else { "host" },
-            "device": if s.cpu { "cpu" } else { "cuda" },
-            "strict": s.strict,
-            "references": if s.recompute_references { "recompute" } else { "auto" },
-            "paired_eager": s.paired_eager,
-            "screen": s.screen,
-            "limit_seconds": if op == "prepare" { s.prepare_limit } else { s.limit }.as_secs_f64(),
-        })
+        request(&self.settings, op, problem)
     }
 
     /// Computes the problem's reference side and baselines now, under the

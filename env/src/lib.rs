@@ -7,6 +7,7 @@
 //!   [`outcome`]: what an evaluation found;
 //! - [`mod@bench`]: the candidates `mtmc bench-env` times;
 //! - [`pool`]: one worker per GPU, candidates dispatched concurrently;
+//! - [`cluster`]: judging on the workers of a Dask cluster instead;
 //! - [`native`]: CUDA programs with a launch plan, run through cudarc in a
 //!   child process and checked against the f64 reference;
 //! - [`mod@reference`]: the f64 CPU reference of any output element;
@@ -22,6 +23,7 @@
 //! interpreter is missing; every probe returns what it found or why not.
 
 pub mod bench;
+pub mod cluster;
 pub mod error;
 pub mod evaluator;
 pub mod native;

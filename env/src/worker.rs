@@ -582,6 +582,13 @@ impl Reply {
     }
 }
 
+/// The outcome an `eval` request's `result` gives.
+pub(crate) fn outcome_of_result(result: Value) -> Result<Outcome, WorkerError> {
+    let reply: Reply = serde_json::from_value(result)
+        .map_err(|e| WorkerError::Protocol(format!("unreadable outcome: {e}")))?;
+    reply.into_outcome()
+}
+
 /// Runs one `eval` request. A timeout or a crash of the worker itself becomes
 /// an outcome (`timeout`, `crashed`), and the slot starts a fresh worker for
 /// the next candidate.
@@ -596,11 +603,7 @@ pub async fn run_eval(
         o
     };
     match slot.request(request, limit).await {
-        Ok(result) => {
-            let reply: Reply = serde_json::from_value(result)
-                .map_err(|e| WorkerError::Protocol(format!("unreadable outcome: {e}")))?;
-            reply.into_outcome()
-        }
+        Ok(result) => outcome_of_result(result),
         Err(e @ WorkerError::Timeout(_)) => Ok(lost(Status::Timeout, &e)),
         Err(e @ WorkerError::Died { .. }) => Ok(lost(Status::Crashed, &e)),
         Err(e) => Err(e),

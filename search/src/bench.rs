@@ -264,7 +264,8 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         .copied()
         .filter(|p| !done.contains_key(&p.full_name()))
         .collect();
-    let gpu = mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
+    let cluster = crate::cluster::gpu();
+    let gpu = cluster.is_some() || mtmc_env::probe::driver().is_ok_and(|d| !d.gpus.is_empty());
     writeln!(
         out,
         "bench: {} problem(s), {} already done in {} ({}), {} to run; {}{}",
@@ -289,7 +290,13 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         }
     )?;
     // The copy the bandwidth table compares with, timed in this run.
-    let copy_gbps = if gpu {
+    let copy_gbps = if let Some(g) = &cluster {
+        writeln!(
+            out,
+            "copy bandwidth: not measured (the copy runs on this machine's GPU, and the cluster's workers with the {g} judge)"
+        )?;
+        None
+    } else if gpu {
         let gbps = copy_bandwidth(req.timeout).context("cannot measure the copy bandwidth")?;
         writeln!(
             out,

@@ -14,6 +14,7 @@
 //!   the replayed comparison of planners, and rejudging the tree.
 //! - [`live`] and [`paired`]: planners compared by searching on the GPU, and
 //!   the paired statistics of two planners.
+//! - [`cluster`]: the Dask cluster a run judges on, when it names one.
 //! - [`screen`]: exploration's screening, a short timing before the full
 //!   protocol for the programs near the fastest.
 //! - [`source`], [`subject`], [`files`], [`fmt`], [`interrupt`]: where
@@ -22,6 +23,7 @@
 
 pub mod bench;
 pub mod bench_env;
+pub mod cluster;
 pub mod files;
 pub mod fmt;
 pub mod interrupt;

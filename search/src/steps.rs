@@ -10,7 +10,7 @@
 //!
 //! Ctrl-C is read between steps: at the top of each step, and after a
 //! judged program, whose outcome is then not kept (the signal reaches the
-//! judging processes too).
+//! judging processes too), unless a cluster judged it.
 
 use std::io::Write;
 
@@ -209,9 +209,12 @@ pub(crate) fn run<P: Planner>(
         } else {
             judge(&round)
         };
-        if stopped() {
+        let stop = stopped();
+        if stop && crate::cluster::shared().is_none() {
             // The signal reaches the judging processes too: these outcomes
-            // may be their end, not the programs'.
+            // may be their end, not the programs'. (A cluster's judges are
+            // elsewhere, and its bridge ignores the signal: their outcomes
+            // are the programs', and kept.)
             planner.dropped(out, &mut found, round)?;
             found.interrupted = true;
             break;
@@ -223,6 +226,10 @@ pub(crate) fn run<P: Planner>(
             found.correct += usize::from(o.status == Status::Correct);
         }
         planner.judged(out, &mut found, round.into_iter().zip(outcomes).collect())?;
+        if stop {
+            found.interrupted = true;
+            break;
+        }
     }
     planner.finish(out, &mut found)?;
     Ok(found)

@@ -261,19 +261,33 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let all_python = candidates
         .iter()
         .all(|c| matches!(c, Candidate::Python { .. }));
-    if gpus > 1
-        && candidates.len() > 1
-        && all_python
-        && matches!(req.evaluator, Choice::Auto | Choice::Worker)
-    {
-        return run_on_gpus(
+    let worker = matches!(req.evaluator, Choice::Auto | Choice::Worker);
+    // Several judges at once: a cluster's workers, or one worker per GPU.
+    let pool = if let Some(cluster) = mtmc_search::cluster::shared() {
+        if !(all_python && worker) {
+            bail!(
+                "--cluster: the cluster's workers judge Python candidates by the worker (the KernelBench protocol); judge CUDA programs, or another --evaluator, without it"
+            );
+        }
+        let pool = WorkerPool::on_cluster(cluster, &settings);
+        let how = format!("the cluster's {} worker(s)", pool.slots());
+        Some((pool, how))
+    } else if gpus > 1 && candidates.len() > 1 && all_python && worker {
+        let ordinals: Vec<u32> = (0..gpus).collect();
+        let pool = WorkerPool::new(&ordinals, &settings);
+        Some((pool, format!("{gpus} GPUs, one worker each")))
+    } else {
+        None
+    };
+    if let Some((pool, how)) = pool {
+        return run_on_pool(
             out,
             &req,
             &runtime,
             &problem,
             candidates,
-            gpus,
-            &settings,
+            pool,
+            &how,
             graph.as_ref(),
         );
     }
@@ -365,27 +379,22 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     write_json(req.json, &outcomes)
 }
 
-/// Several GPUs: one worker each, candidates dispatched to whichever is
-/// free; outcomes printed in the candidates' order when all are done.
+/// Several judges at once (one worker per GPU of this machine, or a
+/// cluster's workers): candidates dispatched to whichever is free,
+/// outcomes printed in the candidates' order when all are done.
 #[allow(clippy::too_many_arguments)]
-fn run_on_gpus(
+fn run_on_pool(
     out: &mut dyn std::io::Write,
     req: &Request<'_>,
     runtime: &tokio::runtime::Runtime,
     problem: &ProblemSource,
     candidates: Vec<Candidate>,
-    gpus: u32,
-    settings: &WorkerSettings,
+    mut pool: WorkerPool,
+    how: &str,
     graph: Option<&OpGraph>,
 ) -> Result<()> {
-    let ordinals: Vec<u32> = (0..gpus).collect();
-    let mut pool = WorkerPool::new(&ordinals, settings);
     let names: Vec<String> = candidates.iter().map(|c| c.name().to_string()).collect();
-    writeln!(
-        out,
-        "{} candidate(s) on {gpus} GPUs, one worker each…",
-        names.len()
-    )?;
+    writeln!(out, "{} candidate(s) on {how}…", names.len())?;
     out.flush()?;
     let results = runtime.block_on(pool.evaluate_all(problem, candidates));
     let specs = builtin_devices();
@@ -398,16 +407,27 @@ fn run_on_gpus(
         ) {
             o.add_roofline(g, spec);
         }
-        writeln!(out, "[GPU {}]", d.slot)?;
+        match pool.cluster() {
+            Some(c) => writeln!(
+                out,
+                "[worker {}]",
+                c.workers.get(d.slot).map_or("lost", |w| w.address.as_str())
+            )?,
+            None => writeln!(out, "[GPU {}]", d.slot)?,
+        }
         print(out, name, &o)?;
         outcomes.push(serde_json::json!({"candidate": name, "gpu": d.slot, "outcome": o}));
     }
-    let starts: u32 = pool.evaluators().iter().map(|e| e.slot.starts).sum();
-    writeln!(
-        out,
-        "{} candidate(s) on {gpus} GPUs, {starts} worker start(s)",
-        outcomes.len()
-    )?;
+    if pool.cluster().is_some() {
+        writeln!(out, "{} candidate(s) on {how}", outcomes.len())?;
+    } else {
+        let starts: u32 = pool.evaluators().iter().map(|e| e.slot.starts).sum();
+        writeln!(
+            out,
+            "{} candidate(s) on {how}, {starts} worker start(s)",
+            outcomes.len()
+        )?;
+    }
     write_json(req.json, &outcomes)
 }
 

@@ -211,6 +211,31 @@ pub fn interrupted(args: &[&str], until: impl Fn(&str) -> bool) -> (String, Stri
 /// [`interrupted`] for a prepared run (one with its own environment).
 #[allow(dead_code)]
 pub fn interrupted_run(run: Run, until: impl Fn(&str) -> bool) -> (String, String) {
+    let (stdout, stderr, status) = run_until(run, until, |pid| {
+        let kill = std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+    });
+    // It stops with 128 + SIGINT, not killed by the signal, and says where.
+    assert_eq!(status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("interrupted: stopped ") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    (stdout, stderr)
+}
+
+/// Starts `run`, reads its stdout until it prints a line `until` accepts,
+/// calls `then` with its process id (to signal it, or to lose a worker
+/// under it), and reads on to its end: its stdout, stderr and exit status.
+#[allow(dead_code)]
+pub fn run_until(
+    run: Run,
+    until: impl Fn(&str) -> bool,
+    then: impl FnOnce(u32),
+) -> (String, String, std::process::ExitStatus) {
     use std::io::{BufRead, Read};
     let mut child = run.spawn();
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
@@ -224,11 +249,7 @@ pub fn interrupted_run(run: Run, until: impl Fn(&str) -> bool) -> (String, Strin
             break;
         }
     }
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    then(child.id());
     out.read_to_string(&mut stdout).unwrap();
     let mut stderr = String::new();
     child
@@ -238,11 +259,17 @@ pub fn interrupted_run(run: Run, until: impl Fn(&str) -> bool) -> (String, Strin
         .read_to_string(&mut stderr)
         .unwrap();
     let status = child.wait().unwrap();
-    // It stops with 128 + SIGINT, not killed by the signal, and says where.
-    assert_eq!(status.code(), Some(130), "{stdout}\n{stderr}");
-    assert!(
-        stderr.contains("interrupted: stopped ") && !stderr.contains("panicked"),
-        "{stderr}"
-    );
-    (stdout, stderr)
+    (stdout, stderr, status)
+}
+
+/// A Python with torch for the worker's CPU mode: `$MTMC_TEST_PYTHON`.
+#[allow(dead_code)]
+pub fn torch_python() -> Option<String> {
+    match std::env::var("MTMC_TEST_PYTHON") {
+        Ok(p) => Some(p),
+        Err(_) if std::env::var_os("MTMC_EXPECT_TORCH").is_some() => {
+            panic!("MTMC_EXPECT_TORCH is set but MTMC_TEST_PYTHON is not")
+        }
+        Err(_) => None,
+    }
 }

@@ -17,3 +17,18 @@ pub fn torch_python() -> Option<OsString> {
         }
     }
 }
+
+/// A local Dask cluster of `n` workers started with `python`, or `None`
+/// (skipped) when it has no Dask and `MTMC_EXPECT_DASK` is unset
+/// (scripts/test sets it and installs Dask).
+#[allow(dead_code)]
+pub fn local_cluster(python: &OsString, n: usize) -> Option<mtmc_env::cluster::LocalCluster> {
+    match mtmc_env::cluster::LocalCluster::start(python, n) {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var_os("MTMC_EXPECT_DASK").is_none() => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("MTMC_EXPECT_DASK is set, and {e}"),
+    }
+}

@@ -69,6 +69,15 @@ pub(crate) fn spec_of(driver: Option<&mtmc_env::probe::Driver>) -> DeviceSpec {
     }
 }
 
+/// The spec of the GPU this run judges on: the cluster's workers' where it
+/// judges on a cluster, else [`spec_of`] this machine's `driver`.
+pub(crate) fn run_spec(driver: Option<&mtmc_env::probe::Driver>) -> DeviceSpec {
+    match crate::cluster::gpu() {
+        Some(g) => spec_of(Some(&crate::cluster::driver_named(&g))),
+        None => spec_of(driver),
+    }
+}
+
 impl ProblemJudge {
     /// A judge; `cache_baselines` reads eager and torch.compile timings from
     /// the cache instead of timing them in this run.
@@ -96,6 +105,15 @@ impl ProblemJudge {
             limit: timeout,
             ..WorkerSettings::default()
         };
+        // On a cluster, its workers judge, and their GPU is the run's.
+        if let Some(cluster) = crate::cluster::shared() {
+            return ProblemJudge::over(
+                true,
+                strict,
+                WorkerPool::on_cluster(cluster, &settings),
+                run_spec(None),
+            );
+        }
         // One worker per GPU when there are several; otherwise one worker
         // that sees what the machine has.
         let driver = mtmc_env::probe::driver().ok();
@@ -254,11 +272,7 @@ impl ProblemJudge {
 
     /// Candidates judged at once: one per worker (GPU).
     pub fn in_flight(&self) -> usize {
-        if self.gpu {
-            self.pool.evaluators().len()
-        } else {
-            1
-        }
+        if self.gpu { self.pool.slots() } else { 1 }
     }
 }
 

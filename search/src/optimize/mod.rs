@@ -117,7 +117,8 @@ pub enum Critic {
 /// Runs the search and writes the best program.
 pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let driver = mtmc_env::probe::driver().ok();
-    let gpu = driver.as_ref().is_some_and(|d| !d.gpus.is_empty());
+    let gpu =
+        crate::cluster::gpu().is_some() || driver.as_ref().is_some_and(|d| !d.gpus.is_empty());
     let how = |on_gpu: &'static str| {
         if gpu {
             on_gpu
@@ -196,7 +197,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
                     &regions,
                     l,
                     true,
-                    &judge::spec_of(driver.as_ref()),
+                    &judge::run_spec(driver.as_ref()),
                     &stopped,
                     judge,
                 )?,

@@ -101,8 +101,17 @@ pub struct Gpus(Option<mtmc_env::probe::Driver>);
 
 impl Gpus {
     /// Asks the driver; no driver, or one that does not start, is no GPU.
+    /// On a cluster ([`crate::cluster`]), the GPU its workers judge on.
     pub fn probe() -> Gpus {
-        Gpus(mtmc_env::probe::driver().ok())
+        match crate::cluster::gpu() {
+            Some(name) => Gpus::named(&name),
+            None => Gpus(mtmc_env::probe::driver().ok()),
+        }
+    }
+
+    /// One GPU known by its driver's name alone (a cluster's workers').
+    fn named(name: &str) -> Gpus {
+        Gpus(Some(crate::cluster::driver_named(name)))
     }
 
     /// Whether programs can be run and timed here.
