@@ -279,9 +279,12 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
         },
         todo.len(),
         if gpu {
-            "judged on the GPU; eager and torch.compile timed in this run"
+            format!(
+                "{}; eager and torch.compile timed in this run",
+                crate::cluster::judged_on()
+            )
         } else {
-            "no GPU: compile only, nothing is run or timed"
+            "no GPU: compile only, nothing is run or timed".into()
         },
         if req.strict {
             "; strict: every op in a custom kernel"
@@ -293,7 +296,7 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let copy_gbps = if let Some(g) = &cluster {
         writeln!(
             out,
-            "copy bandwidth: not measured (the copy runs on this machine's GPU, and the cluster's workers with the {g} judge)"
+            "copy bandwidth: not measured (the copy runs on this machine's GPU; the cluster's workers with the {g} judge the candidates)"
         )?;
         None
     } else if gpu {

@@ -70,3 +70,12 @@ pub(crate) fn driver_named(name: &str) -> mtmc_env::probe::Driver {
         }],
     }
 }
+
+/// Where a run's candidates are judged, for its first line: on the
+/// cluster's workers (naming their GPU) or on this machine's GPU.
+pub(crate) fn judged_on() -> String {
+    match gpu() {
+        Some(g) => format!("judged on the cluster's workers with the {g}"),
+        None => "judged on the GPU".into(),
+    }
+}

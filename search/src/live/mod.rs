@@ -282,11 +282,11 @@ pub fn compare_live(out: &mut dyn std::io::Write, req: LiveRequest<'_>) -> Resul
             have.len(),
             episodes_path.display(),
             if work.is_empty() {
-                "nothing to run"
+                "nothing to run".into()
             } else if timed {
-                "judged on the GPU"
+                crate::cluster::judged_on()
             } else {
-                "no GPU: compile only, nothing is run or timed (every speedup is 0)"
+                "no GPU: compile only, nothing is run or timed (every speedup is 0)".into()
             }
         )?;
     }

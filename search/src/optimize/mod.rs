@@ -138,6 +138,11 @@ pub fn run(out: &mut dyn std::io::Write, req: Request<'_>) -> Result<()> {
     let stopped = || stop.requested();
     match &req.subject {
         Subject::Intent { text, bindings, .. } => {
+            if crate::cluster::shared().is_some() {
+                bail!(
+                    "--cluster: an intent is judged by the native evaluator on this machine's GPU, not by a cluster's workers; drop --cluster (and MTMC_CLUSTER)"
+                );
+            }
             if req.target == Target::Triton {
                 bail!(
                     "--target triton: intents are judged by the native evaluator, which runs CUDA programs only; use --target cuda for an intent, or a KernelBench problem for Triton"

@@ -162,10 +162,10 @@ pub fn explore(out: &mut dyn std::io::Write, req: ExploreRequest<'_>) -> Result<
             )
         },
         req.budget,
-        match crate::cluster::gpu() {
-            Some(g) => format!("judged on the cluster's workers with the {g}"),
-            None if gpu => "judged on the GPU".into(),
-            None => "no GPU: compile only, nothing is run or timed".into(),
+        if gpu {
+            crate::cluster::judged_on()
+        } else {
+            "no GPU: compile only, nothing is run or timed".into()
         }
     )?;
     let graphs = problems.graphs(&work.iter().map(|w| w.0).collect::<Vec<_>>())?;

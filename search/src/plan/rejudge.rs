@@ -277,11 +277,11 @@ pub fn rejudge(out: &mut dyn std::io::Write, req: RejudgeRequest<'_>) -> Result<
         chosen.len(),
         req.store.display(),
         if req.dry_run {
-            "a dry run: programs built and counted, none judged, nothing written"
+            "a dry run: programs built and counted, none judged, nothing written".into()
         } else if gpu {
-            "judged on the GPU"
+            crate::cluster::judged_on()
         } else {
-            "no GPU: compile only (a compile-only outcome never replaces a timed one)"
+            "no GPU: compile only (a compile-only outcome never replaces a timed one)".into()
         }
     )?;
     let mut judge =
