@@ -136,7 +136,7 @@ pub fn nvrtc_version() -> Result<(i32, i32), String> {
 const PYTHON_PROBE: &str = r#"
 import json, sys, importlib, os
 out = {"python": sys.version.split()[0], "executable": sys.executable}
-for name in ("torch", "triton", "cupy"):
+for name in ("torch", "triton", "cupy", "distributed"):
     try:
         m = importlib.import_module(name)
         out[name] = getattr(m, "__version__", "?")
@@ -287,6 +287,11 @@ pub fn doctor() -> Vec<Check> {
                     "cupy",
                     "cupy-cuda13x",
                     "launches NVRTC-compiled kernels from Python",
+                ),
+                (
+                    "distributed",
+                    "'distributed==2026.8.*'",
+                    "judges on a Dask cluster's workers, with --cluster",
                 ),
             ] {
                 match r.get(pkg).and_then(Value::as_str) {
