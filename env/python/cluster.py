@@ -282,9 +282,12 @@ class Bridge:
         self.gpu = None
         self.names = {}
         self.refused = {}
+        self.n_workers = None
 
     def judge_workers(self):
-        info = self.client.scheduler_info(n_workers=-1) if _takes_n_workers() else self.client.scheduler_info()
+        if self.n_workers is None:
+            self.n_workers = _takes_n_workers()
+        info = self.client.scheduler_info(n_workers=-1) if self.n_workers else self.client.scheduler_info()
         return {a: w for a, w in info.get("workers", {}).items() if w.get("resources", {}).get("judge", 0) >= 1}
 
     def connect(self, msg):

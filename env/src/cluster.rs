@@ -103,9 +103,7 @@ impl Drop for Cluster {
     }
 }
 
-/// One candidate's result from the cluster, and the worker that judged it
-/// (its index in [`Cluster::workers`], or past them for a worker that
-/// joined later).
+/// One candidate's result from the cluster, and the worker that judged it.
 pub struct Judged {
     /// The outcome, or why there is none.
     pub result: Result<Outcome, EvalError>,

@@ -30,8 +30,8 @@ pub struct Dispatched {
     /// The outcome, or why there is none.
     pub result: Result<Outcome, EvalError>,
     /// Index of the slot (and GPU) that ran it: a local worker's, or a
-    /// cluster worker's in [`Cluster::workers`] (past them for a worker
-    /// that joined later or none, the candidate lost).
+    /// cluster worker's in [`Cluster::workers`] (`usize::MAX` where the
+    /// candidate was lost).
     pub slot: usize,
 }
 
@@ -187,7 +187,8 @@ impl WorkerPool {
     ) -> Vec<Dispatched> {
         let (cluster, settings) = self.cluster.as_mut().expect("called on a cluster");
         let mut cluster = cluster.lock().expect("cluster lock");
-        let lost = cluster.workers.len();
+        // A candidate lost, or judged by no worker the pool knows.
+        let lost = usize::MAX;
         let mut results: Vec<Option<Dispatched>> = (0..candidates.len()).map(|_| None).collect();
         // What the worker judges: Python candidates of a problem with code;
         // the others fail here as a local worker fails them.
@@ -218,9 +219,8 @@ impl WorkerPool {
                 workers
                     .iter()
                     .position(|w| w.address == j.worker)
-                    .unwrap_or(workers.len())
+                    .unwrap_or(lost)
             };
-            let workers = cluster.workers.clone();
             let mut each = self.each.take();
             let judged = cluster.evaluate(
                 prepare,
@@ -236,8 +236,10 @@ impl WorkerPool {
             self.each = each;
             match judged {
                 Ok(judged) => {
+                    // The workers as the batch left them (with those that
+                    // joined during it).
                     for (k, j) in judged.into_iter().enumerate() {
-                        let slot = slot_of(&j, &workers);
+                        let slot = slot_of(&j, &cluster.workers);
                         results[sent[k]] = Some(Dispatched {
                             result: j.result,
                             slot,
