@@ -341,7 +341,8 @@ class Bridge:
         restrict = {}
         if self.refused:
             allowed = [a for a in self.judge_workers() if a not in self.refused]
-            restrict = {"workers": allowed, "allow_other_workers": False}
+            if allowed:
+                restrict = {"workers": allowed, "allow_other_workers": False}
         return self.client.submit(judge_task, *args, resources={"judge": 1}, pure=False, key="mtmc-judge-" + uuid.uuid4().hex, **restrict)
 
     def batch(self, msg):
@@ -381,6 +382,9 @@ class Bridge:
                 if "refused" in reply:
                     self.refused[address] = reply["refused"]
                     sys.stderr.write("mtmc cluster: worker %s has the %s, not the run's %s: it takes no more candidates\n" % (address, reply["refused"], self.gpu))
+                    if not [a for a in self.judge_workers() if a not in self.refused]:
+                        write({"index": i, "worker": "", "reply": {"lost": "killed", "error": "no worker with the %s is left in the cluster" % self.gpu}})
+                        continue
                     f = self.submit(args[i])
                     index[f] = i
                     pending.add(f)
