@@ -1396,6 +1396,60 @@ fn optimize_writes_triton_kernels_for_problems() {
     );
 }
 
+/// A problem fx traces only in part (`coder/tests/opaque/partial.py`: a
+/// submodule that branches on a value, one that keeps state) gets a program
+/// around those two submodules: the run and the report name each, with its
+/// reason, and the program calls them on the problem's own model.
+#[test]
+fn a_partial_trace_is_optimized_around_the_problems_own_submodules() {
+    let Some(python) = torch_python() else { return };
+    if !nvrtc_expected() {
+        return;
+    }
+    let checkout = tempfile::tempdir().unwrap();
+    let level1 = checkout.path().join("level1");
+    std::fs::create_dir(&level1).unwrap();
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/coder/tests/opaque/partial.py"),
+        level1.join("1_Partial.py"),
+    )
+    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let run = mtmc(&[
+        "optimize",
+        "L1/1",
+        "--kernelbench",
+        checkout.path().to_str().unwrap(),
+        "--out",
+        out_dir.path().to_str().unwrap(),
+    ])
+    .env("MTMC_PYTHON", &python)
+    .env("MTMC_CACHE_DIR", cache.path())
+    .success();
+    for line in [
+        "the problem's own PyTorch code: Gate `gate` (its forward does what fx cannot trace: symbolically traced variables cannot be used as inputs to control flow)",
+        "the problem's own PyTorch code: Accumulate `acc` (keeps state across calls: it assigns self.calls, self.total)",
+    ] {
+        assert!(run.stdout.contains(line), "{line}\n{}", run.stdout);
+    }
+    let report = read_json(&out_dir.path().join("report.json"));
+    let own: Vec<&str> = report["own_code"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["call"].as_str().unwrap())
+        .collect();
+    assert_eq!(own, ["Gate `gate`", "Accumulate `acc`"], "{report}");
+    let code = std::fs::read_to_string(out_dir.path().join("model_new.py")).unwrap();
+    assert!(
+        code.contains("self.reference_parameters.get_submodule(\"gate\")(")
+            && code.contains("self.reference_parameters.get_submodule(\"acc\")(")
+            && code.contains("_KERNELS["),
+        "{code}"
+    );
+}
+
 /// A problem with no graph (a model that keeps state across calls, whose
 /// trace does not import) still gets a program: its whole forward as the
 /// problem's own code, said so, written with its report, and judged
@@ -1431,7 +1485,7 @@ fn a_problem_with_no_graph_is_written_as_its_own_forward() {
     .success();
     assert!(
         run.stdout.contains(
-            "no graph (malformed trace at node `hidden`: call produced no tensor): the whole forward stays the problem's own PyTorch code"
+            "no graph (tracing failed: Model.forward keeps state across calls: it assigns self.hidden): the whole forward stays the problem's own PyTorch code"
         ),
         "{}",
         run.stdout
@@ -1444,7 +1498,7 @@ fn a_problem_with_no_graph_is_written_as_its_own_forward() {
     let report = read_json(&out_dir.path().join("report.json"));
     assert_eq!(
         report["whole_forward"],
-        "malformed trace at node `hidden`: call produced no tensor"
+        "tracing failed: Model.forward keeps state across calls: it assigns self.hidden"
     );
     // The judge judges it call after call against its own model fed the
     // same calls (lockstep), and it is correct.

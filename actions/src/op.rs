@@ -123,6 +123,11 @@ pub struct OpaqueCall {
     pub args: Vec<CallArg>,
     /// Keyword arguments, in the trace's order.
     pub kwargs: Vec<(String, CallArg)>,
+    /// A submodule the tracer did not trace into (its forward branches on
+    /// a value or keeps state across calls): it must run as Python on
+    /// every call, never be replayed from a CUDA graph or cached.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub untraced: bool,
 }
 
 /// How an [`OpaqueCall`] was made.
@@ -832,6 +837,13 @@ impl Op {
             self,
             Op::Layout(Layout::Reshape | Layout::Copy) | Op::Dropout { active: false, .. }
         )
+    }
+
+    /// Whether the op is a submodule the tracer did not trace into (its
+    /// forward branches on a value or keeps state across calls): it runs
+    /// as Python on every call, so it is never cached or replayed.
+    pub fn is_untraced(&self) -> bool {
+        matches!(self, Op::Opaque { call: Some(c), .. } if c.untraced)
     }
 
     /// Whether running the op draws random numbers (random fills, active

@@ -222,6 +222,7 @@ fn an_unknown_call_becomes_an_opaque_node_with_its_inputs() {
                 target: "torch.special.bessel_j0".into(),
                 args: vec![CallArg::Input(0)],
                 kwargs: vec![],
+                untraced: false,
             })),
         }
     );

@@ -1,5 +1,6 @@
 //! The `ModelNew` export of call-library programs: every op a torch call.
 
+use mtmc_actions::op::Op;
 use mtmc_coder::export::to_model_new;
 use mtmc_coder::program::Program;
 
@@ -687,6 +688,31 @@ fn attention_written_op_by_op_exports_as_one_call() {
     }
 }
 
+/// Traces one problem (`{"level", "name", "code"}`) with the real tracer:
+/// the parsed trace and its JSON text.
+fn trace_with(python: &str, request: &serde_json::Value) -> (mtmc_actions::import::Trace, String) {
+    let mut tracer = std::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../env/python/trace_graph.py"
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = tracer.stdin.take().unwrap();
+        writeln!(stdin, "{request}").unwrap();
+    }
+    let traced = tracer.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&traced.stdout).into_owned();
+    let trace = mtmc_actions::import::parse_trace(text.trim())
+        .unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&traced.stderr)));
+    (trace, text)
+}
+
 /// With torch on the CPU: calls the op vocabulary does not model, one of
 /// each kind (`tests/opaque/calls.py`: a submodule, a torch function, a
 /// tensor method with keyword arguments), traced by the real tracer,
@@ -704,25 +730,7 @@ fn opaque_calls_are_made_again_as_the_problem_made_them() {
     ))
     .unwrap();
     let request = serde_json::json!({"level": 1, "name": "1_OpaqueCalls", "code": code});
-    let mut tracer = std::process::Command::new(&python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../env/python/trace_graph.py"
-        ))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = tracer.stdin.take().unwrap();
-        writeln!(stdin, "{request}").unwrap();
-    }
-    let traced = tracer.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&traced.stdout);
-    let trace = mtmc_actions::import::parse_trace(text.trim())
-        .unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&traced.stderr)));
+    let (trace, text) = trace_with(&python, &request);
     assert_eq!(trace.status, "ok", "{text}");
     let g = mtmc_actions::import::import_trace(&trace).unwrap().graph;
     let opaque: Vec<String> = g.opaque_nodes().map(|(_, n)| n.op.to_string()).collect();
@@ -741,6 +749,62 @@ fn opaque_calls_are_made_again_as_the_problem_made_them() {
         "[torch.rand(2, 3, 8, 9) for _ in range(3)]",
         "for x in args:\n    want = new.reference_parameters(x)\n    got = new(x)\n    assert got.shape == want.shape, (got.shape, want.shape)\n    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()\n",
         "opaque calls",
+    );
+}
+
+/// With torch on the CPU: a model fx traces only in part
+/// (`tests/opaque/partial.py`: one submodule branches on a value computed
+/// from the input, one keeps a running sum in attributes) traces with
+/// exactly those two submodules kept as calls of their own forward, each
+/// with its reason, and every other call lowered; the export calls them
+/// on the problem's own model and gives the Model's sequence of outputs
+/// call after call, through both branches.
+#[test]
+fn a_partial_trace_keeps_what_fx_cannot_follow_as_the_problems_own_calls() {
+    let Ok(python) = std::env::var("MTMC_TEST_PYTHON") else {
+        return;
+    };
+    let code = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/opaque/partial.py"
+    ))
+    .unwrap();
+    let request = serde_json::json!({"level": 1, "name": "1_Partial", "code": code});
+    let (trace, text) = trace_with(&python, &request);
+    assert_eq!(trace.status, "ok", "{text}");
+    assert_eq!(trace.method.as_deref(), Some("fx_partial"), "{text}");
+    let untraced: Vec<&str> = trace.untraced.iter().map(|u| u.module.as_str()).collect();
+    assert_eq!(untraced, ["gate", "acc"], "{text}");
+    assert!(
+        trace.untraced[0].reason.contains("control flow")
+            && trace.untraced[1].reason
+                == "keeps state across calls: it assigns self.calls, self.total",
+        "{:?}",
+        trace.untraced
+    );
+    let g = mtmc_actions::import::import_trace(&trace).unwrap().graph;
+    let opaque: Vec<String> = g.opaque_nodes().map(|(_, n)| n.op.to_string()).collect();
+    assert_eq!(
+        opaque,
+        ["opaque Gate `gate`", "opaque Accumulate `acc`"],
+        "{opaque:?}"
+    );
+    assert!(g.opaque_nodes().all(|(_, n)| n.op.is_untraced()));
+    // The layers around them are the graph's own ops.
+    assert!(g.nodes().any(|(_, n)| matches!(n.op, Op::MatMul(_))));
+    let exported = to_model_new(&g, &Program::default(), &code).unwrap();
+    for call in [
+        "self.reference_parameters.get_submodule(\"gate\")(",
+        "self.reference_parameters.get_submodule(\"acc\")(",
+    ] {
+        assert!(exported.contains(call), "{call}\n{exported}");
+    }
+    run_against_the_model(
+        &python,
+        &exported,
+        "[torch.randn(16, 32) + s for s in (3.0, -3.0, 3.0, -3.0, 3.0)]",
+        "model = p['Model'](*p['get_init_inputs']())\nmodel.load_state_dict(new.reference_parameters.state_dict())\nbranches = set()\nfor x in args:\n    want, got = model(x), new(x)\n    branches.add(bool((torch.tanh(model.inp(x)) + x).mean() > 0))\n    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()\nassert branches == {True, False}, branches\nassert model.acc.calls == new.reference_parameters.acc.calls == 5\nassert not torch.equal(model(args[0]), model(args[0])), 'the state changed nothing'\n",
+        "a partial trace",
     );
 }
 

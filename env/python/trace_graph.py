@@ -10,8 +10,15 @@ records faithfully.
 
 Tracing uses torch.fx (symbolic trace + shape propagation on meta tensors, so
 no memory is spent on the problem's real sizes). Models that fx cannot trace
-symbolically (data-dependent Python control flow, asserts on shapes) are run
-once under a TorchFunctionMode that records the same vocabulary.
+symbolically (Python control flow on shapes, asserts) are run once under a
+TorchFunctionMode that records the same vocabulary, provided that run stands
+for every run: its Python read no value computed from the inputs, and the
+model's state is the same after it. Otherwise fx traces again with each
+submodule it cannot follow (its forward branches on a value, keeps state
+across calls, or fails to trace) kept as a call of that submodule
+(`fx_partial`; the trace lists them under `untraced`, each node says why). A
+model whose own forward keeps state has no trace: mtmc runs its whole
+forward.
 
 Regenerate the committed fixtures with:
     python3 env/python/trace_graph.py < ../shared/kernelbench/problems.jsonl \
@@ -186,9 +193,125 @@ class ShapeInterpreter(fx.Interpreter):
         return result
 
 
-def trace_fx(model, inputs, arg_names):
-    tracer = fx.Tracer()
-    graph = tracer.trace(model)
+# Tensor reads that turn a value into Python (a branch, an index, a
+# number): a trace taken while one of them reads a value derived from the
+# inputs holds only the path those inputs took.
+VALUE_READS = {
+    "__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist",
+    "numpy", "__array__", "equal", "allclose", "is_nonzero",
+}
+
+
+class Untraced(Exception):
+    """A submodule (path `module`, "" for the model itself) that tracing
+    must keep as a call of its own forward, and why."""
+
+    def __init__(self, module, reason):
+        super().__init__(f"{module or 'Model'}: {reason}")
+        self.module = module
+        self.reason = reason
+
+
+class ValueRead(Exception):
+    """A run that stands only for itself: its Python read a value computed
+    from the inputs, or it changed the model's state."""
+
+
+def state_of(mod):
+    """The identity of every attribute of `mod` and its submodules: a forward
+    that assigns one (a hidden state, a counter) keeps state across calls."""
+    state = {}
+    for q, m in mod.named_modules():
+        for k, v in vars(m).items():
+            if k in ("_parameters", "_buffers", "_modules"):
+                for kk, vv in v.items():
+                    state[(q, kk)] = id(vv)
+            elif not k.startswith("_"):
+                state[(q, k)] = id(v)
+    return state
+
+
+def assigned(before, after, prefix=""):
+    """The attributes (paths under `prefix`) whose object changed."""
+    names = sorted({k for k in before.keys() | after.keys() if before.get(k) != after.get(k)})
+    out = []
+    for q, k in names:
+        path = ".".join(p for p in (prefix, q, k) if p)
+        out.append(path)
+    return out
+
+
+def stateful_reason(paths, owner):
+    rel = [p[len(owner) + 1:] if owner and p.startswith(owner + ".") else p for p in paths]
+    return "keeps state across calls: it assigns " + ", ".join(f"self.{p}" for p in rel[:3])
+
+
+class PartialTracer(fx.Tracer):
+    """fx's tracer that keeps the submodules in `opaque` as calls (leaves), and
+    names the submodule to keep when tracing fails inside one: the innermost
+    one whose forward raised, or whose forward assigned an attribute."""
+
+    def __init__(self, opaque):
+        super().__init__()
+        self.opaque = opaque
+        self.blame = None
+
+    def is_leaf_module(self, m, qualname):
+        return qualname in self.opaque or super().is_leaf_module(m, qualname)
+
+    def call_module(self, m, forward, args, kwargs):
+        q = self.path_of_module(m)
+        if self.is_leaf_module(m, q):
+            return super().call_module(m, forward, args, kwargs)
+        before = state_of(m)
+        try:
+            out = super().call_module(m, forward, args, kwargs)
+        except Untraced:
+            raise
+        except Exception as e:
+            if self.blame is None:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                self.blame = Untraced(q, f"its forward does what fx cannot trace: {first[:200]}")
+            raise
+        changed = assigned(before, state_of(m), q)
+        if changed:
+            raise Untraced(q, stateful_reason(changed, q))
+        return out
+
+
+def inplace_on_state(graph, gm):
+    """An in-place method called on a parameter or buffer (`self.count.add_(1)`):
+    the attribute's owner keeps state across calls."""
+    for n in graph.nodes:
+        if n.op != "call_method" or not n.args or not isinstance(n.args[0], fx.Node):
+            continue
+        t = n.target
+        inplace = (t.endswith("_") and not t.startswith("_")) or is_inplace_dunder(t)
+        if inplace and n.args[0].op == "get_attr":
+            owner = n.args[0].target.rpartition(".")[0]
+            raise Untraced(owner, f"keeps state across calls: it updates self.{n.args[0].target.rpartition('.')[2]} in place ({t})")
+
+
+def is_inplace_dunder(t):
+    return t in ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__", "__imatmul__")
+
+
+def trace_fx(model, inputs, arg_names, opaque=None):
+    opaque = opaque or {}
+    tracer = PartialTracer(opaque)
+    before = state_of(model)
+    try:
+        graph = tracer.trace(model)
+    except Untraced:
+        raise
+    except Exception as e:
+        if tracer.blame is not None:
+            raise tracer.blame from e
+        raise
+    changed = assigned(before, state_of(model))
+    if changed:
+        raise Untraced("", stateful_reason(changed, ""))
+    inplace_on_state(graph, model)
     gm = fx.GraphModule(model, graph)
     interp = ShapeInterpreter(gm)
     interp.run(*inputs)
@@ -216,18 +339,22 @@ def trace_fx(model, inputs, arg_names):
             rec.add(name=n.name, op="param", target=n.target, trainable=trainable, out=meta)
         elif n.op == "call_module":
             mod = modules[n.target]
+            if n.target in opaque:
+                # Kept as a call of its own forward: its class and why.
+                what = dict(module=type(mod).__qualname__, opaque=opaque[n.target])
+            else:
+                children = {k: {"module": type(m).__name__, "attrs": module_attrs(m)} for k, m in mod.named_modules() if k}
+                what = dict(module=type(mod).__name__, attrs=module_attrs(mod), children=children)
             rec.add(
                 name=n.name,
                 op="module",
                 target=n.target,
-                module=type(mod).__name__,
                 training=mod.training,
-                attrs=module_attrs(mod),
-                children={k: {"module": type(m).__name__, "attrs": module_attrs(m)} for k, m in mod.named_modules() if k},
                 params=module_params(mod),
                 args=args,
                 kwargs=kwargs,
                 out=meta,
+                **what,
             )
         elif n.op == "call_function":
             rec.add(
@@ -254,6 +381,10 @@ class FunctionRecorder(TorchFunctionMode):
         self.rec = rec
         self.names = names  # id(tensor) -> node name
         self.keep = []  # keeps recorded tensors alive so ids stay unique
+        self.derived = set()  # ids of tensors computed from the inputs
+        self.params = set()  # ids of parameters and buffers
+        self.value_reads = []  # reads of input-derived values into Python
+        self.updates = []  # in-place updates of parameters and buffers
 
     def ref(self, v):
         if isinstance(v, torch.Tensor):
@@ -262,8 +393,20 @@ class FunctionRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        result = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
+        flat_in = [a for a in _flat(list(args) + list(kwargs.values())) if isinstance(a, torch.Tensor)]
+        derived = any(id(a) in self.derived for a in flat_in)
+        if name in VALUE_READS and derived:
+            self.value_reads.append(name)
+        if args and isinstance(args[0], torch.Tensor) and id(args[0]) in self.params:
+            if (name.endswith("_") and not name.startswith("_")) or is_inplace_dunder(name) or "out" in kwargs:
+                self.updates.append(f"{self.names.get(id(args[0]))} ({name})")
+        result = func(*args, **kwargs)
+        if derived:
+            for r in _flat(result):
+                if isinstance(r, torch.Tensor):
+                    self.derived.add(id(r))
+                    self.keep.append(r)
         if name == "__get__" or not any(isinstance(r, torch.Tensor) for r in _flat(result)):
             # Property reads (x.shape) and non-tensor results are concrete here:
             # later calls see their values as constants.
@@ -332,8 +475,27 @@ def trace_function_mode(model, inputs, arg_names):
         rec.add(name=name, op="param", target=pname, trainable=isinstance(p, nn.Parameter), out=meta_of(p))
         names[id(p)] = name
     recorder = FunctionRecorder(rec, names)
+    recorder.derived = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
+    # The problem's own parameters and buffers: torch.nn's modules update
+    # theirs (batch norm's running statistics), which the IR models.
+    recorder.params = {
+        id(p)
+        for _, m in model.named_modules()
+        if not type(m).__module__.startswith("torch.nn.")
+        for p in list(m._parameters.values()) + list(m._buffers.values())
+        if p is not None
+    }
+    before = state_of(model)
     with recorder:
         result = model(*inputs)
+    changed = assigned(before, state_of(model))
+    if changed:
+        raise ValueRead(stateful_reason(changed, ""))
+    if recorder.updates:
+        raise ValueRead("keeps state across calls: forward updates " + ", ".join(recorder.updates[:3]) + " in place")
+    if recorder.value_reads:
+        reads = ", ".join(sorted(set(recorder.value_reads)))
+        raise ValueRead(f"its Python reads values computed from the inputs ({reads}), so one run holds only the path those inputs took")
     outputs = encode(result, recorder.ref)
     outputs = outputs if isinstance(outputs, list) else [outputs]
     return rec.nodes, outputs
@@ -355,14 +517,19 @@ def trace_problem(problem, devices):
         trace.update(status="error", error=f"problem code failed: {type(e).__name__}: {e}")
         return trace
     errors = []
-    for method in ("fx", "function_mode"):
+    for method in ("fx", "function_mode", "fx_partial"):
         for device in devices:
             try:
                 init, model, inputs = instantiate(ns, device)
                 arg_names = forward_arg_names(model, len(inputs))
-                run = trace_fx if method == "fx" else trace_function_mode
+                opaque = {}
                 with torch.no_grad():
-                    nodes, outputs = run(model, inputs, arg_names)
+                    if method == "fx":
+                        nodes, outputs = trace_fx(model, inputs, arg_names)
+                    elif method == "function_mode":
+                        nodes, outputs = trace_function_mode(model, inputs, arg_names)
+                    else:
+                        nodes, outputs = trace_partial(ns, device, opaque)
                 trace.update(
                     status="ok",
                     method=method,
@@ -372,14 +539,38 @@ def trace_problem(problem, devices):
                     nodes=nodes,
                     outputs=outputs,
                 )
+                if opaque:
+                    trace["untraced"] = [{"module": q, "reason": r} for q, r in opaque.items()]
                 if errors:
                     trace["fallback_reasons"] = errors
                 return trace
+            except Untraced as e:
+                if method == "fx" and not e.module:
+                    # The model's own forward keeps state: no trace of one
+                    # call stands for the next.
+                    trace.update(status="error", error=f"Model.forward {e.reason}")
+                    return trace
+                errors.append(f"{method} on {device}: {e}")
             except Exception as e:
                 last = traceback.format_exception_only(type(e), e)[-1].strip()
                 errors.append(f"{method} on {device}: {last[:300]}")
     trace.update(status="error", error="; ".join(errors))
     return trace
+
+
+def trace_partial(ns, device, opaque):
+    """fx with the submodules it cannot trace faithfully kept as calls of
+    their own forward: each failure names one more (filling `opaque`, path to
+    reason) until the rest traces or the model's own forward is to blame."""
+    while True:
+        _, model, inputs = instantiate(ns, device)
+        arg_names = forward_arg_names(model, len(inputs))
+        try:
+            return trace_fx(model, inputs, arg_names, opaque)
+        except Untraced as e:
+            if not e.module or e.module in opaque:
+                raise
+            opaque[e.module] = e.reason
 
 
 def main():

@@ -41,7 +41,8 @@ pub struct Trace {
     pub status: String,
     /// Why tracing failed.
     pub error: Option<String>,
-    /// `fx` or `function_mode`.
+    /// `fx`, `function_mode`, or `fx_partial` (fx with the submodules in
+    /// `untraced` kept as calls of their own forward).
     pub method: Option<String>,
     /// Device the trace ran on (`meta`, `cuda`, `cpu`).
     pub device: Option<String>,
@@ -50,6 +51,9 @@ pub struct Trace {
     /// Why earlier methods failed, when a fallback was used.
     #[serde(default)]
     pub fallback_reasons: Vec<String>,
+    /// Submodules kept as calls of their own forward (a partial trace).
+    #[serde(default)]
+    pub untraced: Vec<UntracedModule>,
     /// Recorded calls in execution order.
     #[serde(default)]
     pub nodes: Vec<TraceNode>,
@@ -92,6 +96,20 @@ pub struct TraceNode {
     /// Type of the result: `{"tensor": …}`, `{"tuple": […]}` or `{"value": …}`.
     #[serde(default)]
     pub out: Value,
+    /// Why a called module was not traced into: it stays a call of its own
+    /// forward whatever its class (set by a partial trace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opaque: Option<String>,
+}
+
+/// A submodule that a partial trace keeps as a call of its own forward.
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+pub struct UntracedModule {
+    /// Its path in the model (`blocks.0.gate`).
+    pub module: String,
+    /// Why it was not traced (its forward branches on a value, keeps state
+    /// across calls, or does something else fx cannot trace).
+    pub reason: String,
 }
 
 /// A submodule of a called module.
@@ -148,7 +166,7 @@ pub enum ImportError {
 pub struct Imported {
     /// The graph.
     pub graph: OpGraph,
-    /// How it was traced (`fx` or `function_mode`).
+    /// How it was traced (`fx`, `function_mode` or `fx_partial`).
     pub method: String,
 }
 

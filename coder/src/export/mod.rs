@@ -36,7 +36,8 @@ pub fn library_op(op: &Op) -> bool {
 /// forward input reaches them), by torch calls or views, each with one
 /// result that is not a graph output: the weights a rewrite derives, say.
 /// The export keeps them between calls until a parameter they read
-/// changes; `covered` (the nodes kernels compute) are left out.
+/// changes; `covered` (the nodes kernels compute) are left out, and so are
+/// opaque calls (their code may keep state or draw random numbers).
 pub fn derived_from_parameters(
     g: &OpGraph,
     covered: &std::collections::BTreeSet<NodeId>,
@@ -62,7 +63,10 @@ pub fn derived_from_parameters(
             && !covered.contains(&id)
             && node.outputs.len() == 1
             && !g.outputs().iter().any(|t| t.node == id)
-            && !matches!(node.op, Op::Input { .. } | Op::Param { .. })
+            && !matches!(
+                node.op,
+                Op::Input { .. } | Op::Param { .. } | Op::Opaque { .. }
+            )
         {
             derived.insert(id);
         }

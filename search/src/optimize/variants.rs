@@ -342,9 +342,24 @@ pub(crate) fn conclude(
         .as_ref()
         .map(|b| library_ops(g, &b.1))
         .unwrap_or_default();
+    // The parts the IR does not express, run as the problem's own PyTorch
+    // code (an unknown op, a submodule the trace could not follow).
+    let own_code: Vec<(String, String, String)> = g
+        .opaque_nodes()
+        .filter_map(|(_, n)| match &n.op {
+            mtmc_actions::Op::Opaque { target, reason, .. } => {
+                Some((n.name.clone(), target.clone(), reason.clone()))
+            }
+            _ => None,
+        })
+        .collect();
     let mut report = serde_json::json!({
         "subject": subject,
         "library_calls": library,
+        "own_code": own_code
+            .iter()
+            .map(|(node, call, reason)| serde_json::json!({"node": node, "call": call, "reason": reason}))
+            .collect::<Vec<_>>(),
         "attempts": found.attempts,
     });
     if found.interrupted {
@@ -359,6 +374,9 @@ pub(crate) fn conclude(
         return Ok(false);
     };
     let files = write_best(&program)?;
+    for (_, call, reason) in &own_code {
+        writeln!(out, "the problem's own PyTorch code: {call} ({reason})")?;
+    }
     if !library.is_empty() {
         let shown = library.len().min(4);
         writeln!(

@@ -126,17 +126,30 @@ pub(super) fn build_config(
         block: c.block,
         vector: c.vector,
     };
+    // A replay runs the captured kernels again and nothing else.
+    let no_replay = |n: &mtmc_actions::graph::Node| {
+        if n.op.draws_random() {
+            Some(
+                "draws random numbers, and the warm-up run before a capture would draw before the forward does (its numbers would differ from torch's for the same seed)",
+            )
+        } else if n.op.is_untraced() {
+            Some(
+                "is a submodule run as its own Python forward (the trace could not follow it), and a replay would not run its Python again",
+            )
+        } else {
+            None
+        }
+    };
     if c.cuda_graph
-        && let Some(n) = g.nodes().find(|(_, n)| n.op.draws_random()).map(|(_, n)| n)
+        && let Some((n, why)) = g
+            .nodes()
+            .find_map(|(_, n)| no_replay(n).map(|why| (n, why)))
     {
         return Err(mtmc_coder::session::Failure {
             action: mtmc_coder::action::Action::kernel_for(Vec::new(), params),
             stage: Stage::Refused,
             fragment: None,
-            log: format!(
-                "no CUDA graph: `{}` draws random numbers, and the warm-up run before a capture would draw before the forward does (its numbers would differ from torch's for the same seed)",
-                n.name
-            ),
+            log: format!("no CUDA graph: `{}` {why}", n.name),
         });
     }
     build(g, &chosen, params, c.fuse, gemm, TemplateCoder, false).map(|(mut p, _)| {
@@ -680,6 +693,60 @@ mod tests {
         assert_ne!(
             fragments(&build_config(&graph(false), &[], &replayed).unwrap()).0,
             fragments(&plain).0
+        );
+    }
+
+    #[test]
+    fn a_cuda_graph_is_refused_where_a_submodule_runs_as_its_own_python() {
+        use mtmc_actions::dtype::{DType, TensorType};
+        use mtmc_actions::graph::TensorRef;
+        use mtmc_actions::op::{CallArg, CallKind, Op, OpaqueCall};
+        let t = || TensorType::new(vec![4, 8], DType::F32);
+        let graph = |untraced: bool| {
+            let mut g = OpGraph::new();
+            let x = g
+                .add("x", Op::Input { name: "x".into() }, &[], vec![t()])
+                .unwrap();
+            let call = OpaqueCall {
+                kind: CallKind::Module,
+                target: "gate".into(),
+                args: vec![CallArg::Input(0)],
+                kwargs: vec![],
+                untraced,
+            };
+            let op = Op::Opaque {
+                target: "Gate `gate`".into(),
+                reason: "its forward branches on a value".into(),
+                call: Some(Box::new(call)),
+            };
+            let o = g
+                .add("gate", op, &[TensorRef::first(x)], vec![t()])
+                .unwrap();
+            g.set_outputs(vec![TensorRef::first(o)]);
+            g
+        };
+        let shape = Shape::plain(0, false);
+        let replayed = Config::library(shape)
+            .apply(Move::CudaGraph(true), shape)
+            .unwrap();
+        let f = build_config(&graph(true), &[], &replayed).unwrap_err();
+        assert_eq!(f.stage, Stage::Refused);
+        assert!(
+            f.log
+                .contains("`gate` is a submodule run as its own Python forward"),
+            "{}",
+            f.log
+        );
+        // A library call the trace followed is captured like any kernel.
+        assert!(
+            build_config(&graph(false), &[], &replayed)
+                .unwrap()
+                .cuda_graph
+        );
+        assert!(
+            !build_config(&graph(true), &[], &Config::library(shape))
+                .unwrap()
+                .cuda_graph
         );
     }
 }

@@ -206,6 +206,7 @@ fn opaque_call(node: &TraceNode, call: &Call<'_>) -> Option<Box<OpaqueCall>> {
         target: node.target.clone(),
         args,
         kwargs,
+        untraced: node.opaque.is_some(),
     }))
 }
 
@@ -303,16 +304,27 @@ pub(super) fn import_call(im: &mut Importer, node: &TraceNode) -> Result<Val, Im
         training: node.training.unwrap_or(true),
         out: &node.out,
     };
-    let lowered = match super::composite::expand(im, node, &call.args, &call.kwargs, &call.params) {
-        Some(Ok(val)) => return Ok(val),
-        Some(Err(reason)) => Err(format!("not expanded: {reason}")),
-        None => lower(im, &call),
+    let lowered = if let Some(reason) = &node.opaque {
+        // A submodule the tracer did not trace into: whatever its class,
+        // only its own forward does what it does.
+        Err(reason.clone())
+    } else {
+        match super::composite::expand(im, node, &call.args, &call.kwargs, &call.params) {
+            Some(Ok(val)) => return Ok(val),
+            Some(Err(reason)) => Err(format!("not expanded: {reason}")),
+            None => lower(im, &call),
+        }
     };
     match lowered {
         Ok(Lowered::Alias(v)) => Ok(v),
         Ok(Lowered::Node(op, inputs)) => im.emit(&node.name, op, &inputs, &node.out),
         Err(reason) => {
             let target = match node.op.as_str() {
+                "module" if node.opaque.is_some() => format!(
+                    "{} `{}`",
+                    node.module.as_deref().unwrap_or("?"),
+                    node.target
+                ),
                 "module" => format!("torch.nn.{}", node.module.as_deref().unwrap_or("?")),
                 "method" => format!("Tensor.{}", node.target),
                 _ => node.target.clone(),
