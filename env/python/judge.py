@@ -1708,19 +1708,40 @@ def scaled_reference_outputs(ref, inputs):
     return reference_forward(ref, inputs, scaled=True)
 
 
+def attribute_identities(model):
+    """The identity of every public attribute, parameter and buffer of the
+    model and its submodules: a forward that assigns one keeps state."""
+    out = {}
+    for q, m in model.named_modules():
+        for k, v in vars(m).items():
+            if k in ("_parameters", "_buffers", "_modules"):
+                for kk, vv in v.items():
+                    out[(q, kk)] = id(vv)
+            elif not k.startswith("_"):
+                out[(q, k)] = id(v)
+    return out
+
+
 def keeps_state(model, ns, seed, device, s):
-    """Whether the problem's model keeps state across calls: two calls on
-    the same inputs (drawn afresh for each, as a model may write to its
-    inputs), each under the same seed (so that random ops draw alike),
-    whose outputs differ beyond what an atomic's order changes."""
+    """Whether the problem's model keeps state across calls: a call assigns
+    one of its attributes (a hidden state, a counter), or outputs differ
+    beyond what an atomic's order changes where inputs are the same -- the
+    same inputs twice, and again after other inputs (a running mean of its
+    inputs gives the same output for the same input twice in a row).
+    Inputs are drawn afresh for each call, as a model may write to its
+    inputs, and each call runs under the same seed, so that random ops draw
+    alike."""
     t = torch()
     outs = []
+    before = attribute_identities(model)
     with t.no_grad():
-        for _ in range(2):
-            inputs = make_inputs(ns, seed, device, s["inputs"])
+        for inputs_seed in (seed, seed, seed + 7919, seed):
+            inputs = make_inputs(ns, inputs_seed, device, s["inputs"])
             set_seed(s["seed"])
             outs.append(forward_outputs(model, inputs))
             del inputs
+    if attribute_identities(model) != before:
+        return True
 
     def same(a, b):
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -1729,8 +1750,10 @@ def keeps_state(model, ns, seed, device, s):
             return bool(t.allclose(a, b, rtol=1e-3, atol=1e-3, equal_nan=True))
         return bool(t.equal(a, b))
 
-    first, second = outs
-    return len(first) != len(second) or not all(same(a, b) for a, b in zip(first, second))
+    def differ(x, y):
+        return len(x) != len(y) or not all(same(a, b) for a, b in zip(x, y))
+
+    return differ(outs[0], outs[1]) or differ(outs[0], outs[3])
 
 
 def reference_tf32(models, ns, seed, device, s):

@@ -551,7 +551,9 @@ async fn out_of_memory_beside_kept_references_is_judged_again_with_them_recomput
 /// forgets it fails on the second correctness trial, and one that stops
 /// updating it once the trials are over fails on a timed call. Problems
 /// without state on the same worker are judged as before, one that writes
-/// to its input among them (each call gets inputs of its own).
+/// to its input among them (each call gets inputs of its own). State that
+/// repeats an output for a repeated input (a running mean) is found by
+/// the same input again after another.
 #[tokio::test]
 async fn a_problem_whose_model_keeps_state_is_judged_in_lockstep() {
     let Some(python) = torch_python() else { return };
@@ -584,6 +586,11 @@ async fn a_problem_whose_model_keeps_state_is_judged_in_lockstep() {
         o.integrity.as_ref().unwrap().second_distribution.as_deref(),
         Some("passed")
     );
+    // State that gives the same output for the same input twice in a row
+    // (a running mean kept in buffers updated in place) is found too.
+    let o = eval(&mut ev, "problem_running_mean.py", "keeps_running_mean.py").await;
+    assert_eq!(o.status, Status::Correct, "{o:?}");
+    assert!(o.integrity.as_ref().unwrap().lockstep, "{o:?}");
     // A screen keeps the lockstep too.
     ev.settings.screen = Some(8);
     let o = eval(&mut ev, "problem_stateful.py", "keeps_state.py").await;

@@ -11,7 +11,7 @@ class Model(nn.Module):
         self.hidden = torch.zeros(4, 8)
 
     def forward(self, x):
-        self.hidden = torch.tanh(x + self.hidden)
+        self.hidden = torch.tanh(x + self.hidden.to(x.device))
         return self.hidden * 2.0
 
 
