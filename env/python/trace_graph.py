@@ -217,17 +217,23 @@ class ValueRead(Exception):
     from the inputs, or it changed the model's state."""
 
 
-def state_of(mod):
-    """The identity of every attribute of `mod` and its submodules: a forward
-    that assigns one (a hidden state, a counter) keeps state across calls."""
+def state_of(mod, own_only=False):
+    """The identity of every attribute of `mod` and its submodules, and the
+    version of every parameter and buffer: a forward that assigns one (a
+    hidden state, a counter) or updates one in place keeps state across
+    calls. fx runs an in-place update of a tensor attribute while it traces
+    and records nothing, so only its version shows it. With `own_only`,
+    versions are read only off the problem's own modules: torch.nn's update
+    theirs (batch norm's running statistics), which the IR models."""
     state = {}
     for q, m in mod.named_modules():
+        versions = not (own_only and type(m).__module__.startswith("torch.nn."))
         for k, v in vars(m).items():
             if k in ("_parameters", "_buffers", "_modules"):
                 for kk, vv in v.items():
-                    state[(q, kk)] = id(vv)
+                    state[(q, kk)] = (id(vv), vv._version if versions and isinstance(vv, torch.Tensor) else 0)
             elif not k.startswith("_"):
-                state[(q, k)] = id(v)
+                state[(q, k)] = (id(v), v._version if versions and isinstance(v, torch.Tensor) else 0)
     return state
 
 
@@ -243,7 +249,7 @@ def assigned(before, after, prefix=""):
 
 def stateful_reason(paths, owner):
     rel = [p[len(owner) + 1:] if owner and p.startswith(owner + ".") else p for p in paths]
-    return "keeps state across calls: it assigns " + ", ".join(f"self.{p}" for p in rel[:3])
+    return "keeps state across calls: it assigns or updates " + ", ".join(f"self.{p}" for p in rel[:3])
 
 
 class PartialTracer(fx.Tracer):
@@ -279,7 +285,7 @@ class PartialTracer(fx.Tracer):
         return out
 
 
-def inplace_on_state(graph, gm):
+def inplace_on_state(graph):
     """An in-place method called on a parameter or buffer (`self.count.add_(1)`):
     the attribute's owner keeps state across calls."""
     for n in graph.nodes:
@@ -311,7 +317,7 @@ def trace_fx(model, inputs, arg_names, opaque=None):
     changed = assigned(before, state_of(model))
     if changed:
         raise Untraced("", stateful_reason(changed, ""))
-    inplace_on_state(graph, model)
+    inplace_on_state(graph)
     gm = fx.GraphModule(model, graph)
     interp = ShapeInterpreter(gm)
     interp.run(*inputs)
@@ -485,10 +491,10 @@ def trace_function_mode(model, inputs, arg_names):
         for p in list(m._parameters.values()) + list(m._buffers.values())
         if p is not None
     }
-    before = state_of(model)
+    before = state_of(model, own_only=True)
     with recorder:
         result = model(*inputs)
-    changed = assigned(before, state_of(model))
+    changed = assigned(before, state_of(model, own_only=True))
     if changed:
         raise ValueRead(stateful_reason(changed, ""))
     if recorder.updates:
