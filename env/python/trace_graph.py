@@ -388,9 +388,7 @@ class FunctionRecorder(TorchFunctionMode):
         self.names = names  # id(tensor) -> node name
         self.keep = []  # keeps recorded tensors alive so ids stay unique
         self.derived = set()  # ids of tensors computed from the inputs
-        self.params = set()  # ids of parameters and buffers
         self.value_reads = []  # reads of input-derived values into Python
-        self.updates = []  # in-place updates of parameters and buffers
 
     def ref(self, v):
         if isinstance(v, torch.Tensor):
@@ -404,9 +402,6 @@ class FunctionRecorder(TorchFunctionMode):
         derived = any(id(a) in self.derived for a in flat_in)
         if name in VALUE_READS and derived:
             self.value_reads.append(name)
-        if args and isinstance(args[0], torch.Tensor) and id(args[0]) in self.params:
-            if (name.endswith("_") and not name.startswith("_")) or is_inplace_dunder(name) or "out" in kwargs:
-                self.updates.append(f"{self.names.get(id(args[0]))} ({name})")
         result = func(*args, **kwargs)
         if derived:
             for r in _flat(result):
@@ -482,23 +477,12 @@ def trace_function_mode(model, inputs, arg_names):
         names[id(p)] = name
     recorder = FunctionRecorder(rec, names)
     recorder.derived = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
-    # The problem's own parameters and buffers: torch.nn's modules update
-    # theirs (batch norm's running statistics), which the IR models.
-    recorder.params = {
-        id(p)
-        for _, m in model.named_modules()
-        if not type(m).__module__.startswith("torch.nn.")
-        for p in list(m._parameters.values()) + list(m._buffers.values())
-        if p is not None
-    }
     before = state_of(model, own_only=True)
     with recorder:
         result = model(*inputs)
     changed = assigned(before, state_of(model, own_only=True))
     if changed:
         raise ValueRead(stateful_reason(changed, ""))
-    if recorder.updates:
-        raise ValueRead("keeps state across calls: forward updates " + ", ".join(recorder.updates[:3]) + " in place")
     if recorder.value_reads:
         reads = ", ".join(sorted(set(recorder.value_reads)))
         raise ValueRead(f"its Python reads values computed from the inputs ({reads}), so one run holds only the path those inputs took")
