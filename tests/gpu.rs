@@ -119,6 +119,17 @@ fn intents_are_correct_on_the_gpu_in_every_family() {
         ("y = normalize(x, dim=-1) * 3.0", "x=4096x32"),
         ("y = normalize(relu(x) - 0.25, dim=-1)", "x=64x16384"),
         ("y = normalize(x, dim=-1)", "x=16x65536"),
+        // Norms written out over a middle dim: a thread per line, the
+        // line in registers (64) or read twice (100, a residual after).
+        (
+            "y = x / sqrt(mean(x ** 2, dim=1, keepdim=true) + 1e-5)",
+            "x=16x64x4096",
+        ),
+        (
+            "y = tanh(x * rsqrt(mean(x * x, dim=1, keepdim=true) + 1e-5)) + x",
+            "x=8x100x3000",
+        ),
+        ("y = x / norm(x, dim=1, keepdim=true)", "x=8x48x4096"),
         ("y = sum(x, dim=0)", "x=2048x512"),
         // Scans of many rows: a warp per row, with 16-byte loads (rows of
         // 1000) or through the fused chain (rows of 1001).

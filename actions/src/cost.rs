@@ -212,7 +212,7 @@ pub fn node_cost(g: &OpGraph, id: NodeId) -> Cost {
         Op::Norm(n) => {
             let stats = match n.kind {
                 NormKind::Batch | NormKind::Instance if !n.batch_stats => 0,
-                NormKind::Rms { .. } | NormKind::Lp { .. } => 2,
+                NormKind::Rms { .. } | NormKind::RmsAt { .. } | NormKind::Lp { .. } => 2,
                 _ => 4,
             };
             let affine = 2 * u64::from(n.affine);

@@ -1,11 +1,16 @@
 //! Normal forms that make equivalent programs look alike to the planner.
 //!
-//! Each rewrite keeps every value the model computes; it only changes how a
+//! Each rewrite keeps the function the model computes; it only changes how a
 //! step is expressed (a transpose read by a matmul becomes the matmul's
-//! transpose flag) and drops views that nothing reads any more.
+//! transpose flag, a norm written out op by op the norm op) and drops views
+//! that nothing reads any more.
 
 use crate::graph::{NodeId, OpGraph, TensorRef};
 use crate::op::{Fill, Layout, Op, Scan};
+
+mod norms;
+
+pub use norms::fold_written_norms;
 
 /// Applies every normalization.
 pub fn normalize(g: &mut OpGraph) {
@@ -13,6 +18,7 @@ pub fn normalize(g: &mut OpGraph) {
     fold_flipped_scans(g);
     fold_exclusive_scans(g);
     einsums_to_matmuls(g);
+    fold_written_norms(g);
     drop_dead_nodes(g);
 }
 

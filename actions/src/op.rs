@@ -477,6 +477,13 @@ pub enum NormKind {
         /// Number of trailing normalized dims.
         dims: usize,
     },
+    /// Root-mean-square norm along one dim, without scale: `x /
+    /// sqrt(mean(x², dim) + ε)`, as a model writes it out over the channels
+    /// (dim 1 of `N, C, …`).
+    RmsAt {
+        /// The normalized dim.
+        dim: usize,
+    },
     /// Per channel (dim 1) over batch and spatial dims.
     Batch,
     /// Per (sample, group of channels).
@@ -936,6 +943,7 @@ impl fmt::Display for Op {
                 let kind = match &n.kind {
                     NormKind::Layer { dims } => format!("layer_norm over {dims} dims"),
                     NormKind::Rms { dims } => format!("rms_norm over {dims} dims"),
+                    NormKind::RmsAt { dim } => format!("rms_norm dim={dim}"),
                     NormKind::Batch => "batch_norm".to_string(),
                     NormKind::Group { groups } => format!("group_norm groups={groups}"),
                     NormKind::Instance => "instance_norm".to_string(),

@@ -120,6 +120,9 @@ fn call_library_exports_run_like_the_model_on_the_cpu() {
         ),
         // Its cat, narrow and cumsum are one exclusive scan.
         (1, "92_cumsum_exclusive", "[torch.rand(8, 33)]"),
+        // Norms written out op by op, each one norm op.
+        (1, "36_RMSNorm_", "[torch.randn(2, 64, 5, 7)]"),
+        (1, "39_L2Norm_", "[torch.randn(4, 33)]"),
         (
             2,
             "31_Conv2d_Min_Add_Multiply",

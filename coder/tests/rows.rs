@@ -245,14 +245,19 @@ fn normalize_over_the_last_dim_divides_rows_by_their_length() {
         }
         assert!(!f.source.contains("rsqrtf"), "{}", f.source);
     }
+    // Over a dim with others after it: a thread per line.
+    let g = graph("y = normalize(x, dim=0)", "x=64x256");
+    let f = common::realize_first(&g, lp).unwrap();
+    compiles(&f, "normalize over dim 0");
+    assert!(f.source.contains("a thread per line"), "{}", f.source);
     for (src, why) in [
-        ("y = normalize(x, dim=0)", "p = 2 over dim 0 of 2"),
+        ("y = normalize(x, dim=0, p=1.0)", "p = 1 over dim 0 of 2"),
         ("y = normalize(x, dim=1, p=1.0)", "p = 1 over dim 1 of 2"),
     ] {
         let g = graph(src, "x=64x256");
         let e = common::realize_first(&g, lp).unwrap_err();
         assert!(
-            e.to_string().contains(why) && e.to_string().contains("only p = 2 over the last dim"),
+            e.to_string().contains(why) && e.to_string().contains("(only p = 2)"),
             "{src}: {e}"
         );
     }
@@ -379,6 +384,56 @@ fn a_residual_after_a_norm_takes_the_input_the_norm_holds() {
         assert_eq!(f.inputs.len(), 3, "{shapes}");
     }
 }
+#[test]
+fn norms_along_a_middle_dim_take_a_thread_per_line() {
+    // What a model writes out over the channels: an RMS norm (64 channels
+    // in registers, 100 read twice) and a division by the length, with a
+    // chain in front and a residual after, which takes the element the
+    // thread holds.
+    for (intent, shapes, held) in [
+        (
+            "y = x / sqrt(mean(x ** 2, dim=1, keepdim=true) + 1e-5)",
+            "x=4x64x1024",
+            true,
+        ),
+        (
+            "z = relu(x) - 0.5; y = z * rsqrt(mean(z * z, dim=1, keepdim=true) + 1e-5)",
+            "x=4x64x33x31",
+            true,
+        ),
+        (
+            "y = tanh(x * rsqrt(mean(x * x, dim=1, keepdim=true) + 1e-5)) + x",
+            "x=4x64x33x31",
+            true,
+        ),
+        (
+            "y = x / sqrt(mean(x ** 2, dim=1, keepdim=true) + 1e-5)",
+            "x=4x100x1000",
+            false,
+        ),
+        ("y = x / norm(x, dim=1, keepdim=true)", "x=8x48x4096", true),
+    ] {
+        let g = graph(intent, shapes);
+        let action = fuse_all(&g, Params::default());
+        let f = TemplateCoder
+            .realize(&Program::default(), &g, &action)
+            .unwrap();
+        compiles(&f, intent);
+        assert!(
+            f.source.contains("a thread per line"),
+            "{intent}: {}",
+            f.source
+        );
+        assert_eq!(
+            f.source.contains("float v_["),
+            held,
+            "{intent}: {}",
+            f.source
+        );
+        assert_eq!(f.outputs, g.outputs(), "{intent}");
+    }
+}
+
 #[test]
 fn max_and_average_pooling_compile_with_torchs_divisor() {
     // Where the tile fits, a block stages its outputs' inputs in shared

@@ -400,6 +400,13 @@ fn cases() -> Vec<(&'static str, OpGraph)> {
             lp_graph(2.0, &[4, 37, 9], 1),
         ),
         (
+            "RMS norm written out over a middle dim",
+            graph(
+                "y = x / sqrt(mean(x ** 2, dim=1, keepdim=true) + 1e-5)",
+                "x=4x37x9",
+            ),
+        ),
+        (
             "L1 normalize of long columns",
             lp_graph(1.0, &[10000, 3], 0),
         ),

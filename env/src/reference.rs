@@ -554,6 +554,20 @@ impl<'g> Reference<'g> {
                 };
                 return Ok(self.element(ins[0], flat)? * inv);
             }
+            NormKind::RmsAt { dim } => {
+                let key = (t, line_key(flat, shape, dim));
+                let inv = match self.rows.get(&key) {
+                    Some(&(_, inv)) => inv,
+                    None => {
+                        let v = self.line(ins[0], dim, shape, flat)?;
+                        let ms = v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64;
+                        let inv = 1.0 / (ms + n.eps).sqrt();
+                        self.rows.insert(key, (0.0, inv));
+                        inv
+                    }
+                };
+                return Ok(self.element(ins[0], flat)? * inv);
+            }
             _ => return Err(self.unsupported(t)),
         };
         let inner: usize = shape[shape.len() - dims..].iter().product();

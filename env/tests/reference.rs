@@ -129,6 +129,62 @@ fn normalize_divides_each_line_by_its_p_norm() {
     assert!(got.iter().all(|v| v.is_finite()));
 }
 
+/// Norms a model writes out op by op (folded into the norm op when the
+/// graph is built) compute what the ops one by one do: an RMS norm along
+/// a dim with others after it, over the trailing dim, and a division by
+/// the Euclidean length.
+#[test]
+fn norms_written_out_compute_what_their_ops_do() {
+    let (n, c, s) = (2, 5, 3);
+    let x = random(n * c * s, 11);
+    let inputs = HashMap::from([("x".to_string(), x.clone())]);
+    let at = |i: usize, j: usize, k: usize| x[(i * c + j) * s + k];
+    for src in [
+        "y = x / sqrt(mean(x ** 2, dim=1, keepdim=true) + 0.25)",
+        "y = x * rsqrt(mean(x * x, dim=1, keepdim=true) + 0.25)",
+        "y = x / norm(x, dim=1, keepdim=true)",
+    ] {
+        let g = graph(src, &format!("x={n}x{c}x{s}"));
+        assert!(
+            g.nodes()
+                .any(|(_, n)| matches!(n.op, mtmc_actions::op::Op::Norm(_))),
+            "{src} is one norm"
+        );
+        let got = all(&g, &inputs);
+        for i in 0..n {
+            for k in 0..s {
+                let squares: f64 = (0..c).map(|j| at(i, j, k) * at(i, j, k)).sum();
+                let by = if src.contains("norm(") {
+                    squares.sqrt()
+                } else {
+                    (squares / c as f64 + 0.25).sqrt()
+                };
+                for j in 0..c {
+                    let want = at(i, j, k) / by;
+                    let g = got[(i * c + j) * s + k];
+                    assert!(
+                        (g - want).abs() <= 1e-12 * (1.0 + want.abs()),
+                        "{src}: {g} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+    let got = all(
+        &graph(
+            "y = x / sqrt(mean(x ** 2, dim=-1, keepdim=true) + 0.25)",
+            "x=10x3",
+        ),
+        &inputs,
+    );
+    for (row, (g, x)) in got.chunks(3).zip(x.chunks(3)).enumerate() {
+        let by = (x.iter().map(|v| v * v).sum::<f64>() / 3.0 + 0.25).sqrt();
+        for (g, x) in g.iter().zip(x) {
+            assert!(close(*g, x / by), "row {row}: {g} vs {}", x / by);
+        }
+    }
+}
+
 #[test]
 fn reductions_and_scans_match_the_loops() {
     let x: Vec<f64> = vec![3.0, -1.0, 4.0, 1.0, -5.0, 9.0];

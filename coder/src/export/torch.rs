@@ -438,6 +438,9 @@ fn torch_fallback(
                     format!("F.group_norm({x}, {groups}, {w}, {b}, {eps})")
                 }
                 NormKind::Lp { p, dim } => format!("F.normalize({x}, {}, {dim}, {eps})", py(*p)),
+                NormKind::RmsAt { dim } => {
+                    format!("({x} / torch.sqrt({x}.pow(2).mean({dim}, keepdim=True) + {eps}))")
+                }
                 NormKind::Instance if *batch_stats => {
                     format!("F.instance_norm({x}, None, None, {w}, {b}, True, 0.1, {eps})")
                 }

@@ -6,6 +6,11 @@ use std::fmt::Write as _;
 /// Blocks in a cluster that shares a softmax row.
 pub(super) const CLUSTER: u64 = 8;
 
+/// Float4s each thread of a cluster's block loads before it folds them
+/// into its running maximum and sum: a block has its SM to itself, and one
+/// 16-byte load a thread at a time leaves too few bytes in flight.
+const CLUSTER_UNROLL: u64 = 4;
+
 /// Threads of a cluster's block: a block has the SM to itself when its
 /// share of the row is large, so it brings all the loads it can.
 pub(super) const CLUSTER_BLOCK: u32 = 1024;
@@ -57,8 +62,31 @@ pub(super) fn cluster_softmax(name: &str, log: bool) -> String {
         4 * CLUSTER
     );
     src.push_str("    float m = __int_as_float(0xff800000), s = 0.0f;\n");
-    src.push_str("    for (long long i = threadIdx.x; i < chunk4; i += blockDim.x) {\n");
-    cluster_load(&mut src, "first + i");
+    // CLUSTER_UNROLL float4s a thread in flight, then one at a time.
+    src.push_str("    long long i = threadIdx.x;\n");
+    let _ = writeln!(
+        src,
+        "    for (; i + {} * (long long)blockDim.x < chunk4; i += {CLUSTER_UNROLL} * (long long)blockDim.x) {{",
+        CLUSTER_UNROLL - 1
+    );
+    let quad = |j: u64| format!("(i + {j} * (long long)blockDim.x)");
+    for j in 0..CLUSTER_UNROLL {
+        cluster_load(&mut src, &format!("first + {}", quad(j)), &format!("v{j}"));
+    }
+    let mut max = "m".to_string();
+    let mut terms = Vec::new();
+    for j in 0..CLUSTER_UNROLL {
+        let _ = writeln!(src, "        row_[{}] = v{j};", quad(j));
+        max = format!("fmaxf({max}, fmaxf(fmaxf(v{j}.x, v{j}.y), fmaxf(v{j}.z, v{j}.w)))");
+        terms.extend(["x", "y", "z", "w"].map(|c| format!("expf(v{j}.{c} - M)")));
+    }
+    let _ = writeln!(
+        src,
+        "        float M = {max};\n        s = s * expf(m - M) + {};\n        m = M;\n    }}",
+        terms.join(" + ")
+    );
+    src.push_str("    for (; i < chunk4; i += blockDim.x) {\n");
+    cluster_load(&mut src, "first + i", "v");
     src.push_str("        row_[i] = v;\n        float M = fmaxf(fmaxf(m, fmaxf(v.x, v.y)), fmaxf(v.z, v.w));\n        s = s * expf(m - M) + expf(v.x - M) + expf(v.y - M) + expf(v.z - M) + expf(v.w - M);\n        m = M;\n    }\n");
     let _ = writeln!(
         src,
@@ -74,7 +102,7 @@ pub(super) fn cluster_softmax(name: &str, log: bool) -> String {
     src.push_str(CLUSTER_SYNC);
     src.push_str("    const float M = part_[0].x, S = part_[0].y;\n");
     src.push_str("    float4* out = reinterpret_cast<float4*>(y) + first;\n");
-    src.push_str("    for (long long i = threadIdx.x; i < chunk4; i += blockDim.x) {\n        float4 v = row_[i];\n");
+    src.push_str("    #pragma unroll 4\n    for (long long i = threadIdx.x; i < chunk4; i += blockDim.x) {\n        float4 v = row_[i];\n");
     if log {
         src.push_str(
             "        out[i] = make_float4(v.x - M - S, v.y - M - S, v.z - M - S, v.w - M - S);\n",
@@ -90,12 +118,12 @@ pub(super) fn cluster_softmax(name: &str, log: bool) -> String {
 const CLUSTER_RANK: &str =
     "    unsigned rank;\n    asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(rank));\n";
 
-/// `float4 v`, the input's float4 at index `at` (an expression): one
+/// `float4 {var}`, the input's float4 at index `at` (an expression): one
 /// 16-byte load, or four `LOAD_X`s when a prologue is fused in.
-fn cluster_load(src: &mut String, at: &str) {
+fn cluster_load(src: &mut String, at: &str, var: &str) {
     let _ = writeln!(
         src,
-        "#ifdef MTMC_PROLOGUE\n        const long long e = 4 * ({at});\n        float4 v = make_float4(LOAD_X(e), LOAD_X(e + 1), LOAD_X(e + 2), LOAD_X(e + 3));\n#else\n        float4 v = reinterpret_cast<const float4*>(x)[{at}];\n#endif"
+        "#ifdef MTMC_PROLOGUE\n        const long long e_{var} = 4 * ({at});\n        float4 {var} = make_float4(LOAD_X(e_{var}), LOAD_X(e_{var} + 1), LOAD_X(e_{var} + 2), LOAD_X(e_{var} + 3));\n#else\n        float4 {var} = reinterpret_cast<const float4*>(x)[{at}];\n#endif"
     );
 }
 

@@ -140,6 +140,64 @@ pub(super) fn step(map: &str, op: &str) -> String {
     }
 }
 
+/// Loads each thread of an accumulation loop ([`accumulate`]) issues
+/// before it combines their values: one load at a time leaves too few
+/// bytes in flight for the memory system (an H200 holds about 25 KB in
+/// flight an SM at its bandwidth; 2048 threads of one load each are 8 KB).
+const UNROLL: usize = 4;
+
+/// The lines (each starting with `indent`) of an accumulation into `acc`
+/// (and `c`, its compensation, for sums), declared by the caller, of
+/// `map` (an expression of `v`) with `op` (of `a` and `b`, as in
+/// [`step`]) over the elements `LOAD_X(at(k))` for `k` from `start` below
+/// `end` by `stride`. [`UNROLL`] elements at a time, their loads issued
+/// together and their mapped values combined with `op` before the one
+/// step into `acc`, then one at a time for the rest: the order of the
+/// combination is fixed by the sizes, as in the loop it replaces.
+pub(super) fn accumulate(
+    src: &mut String,
+    indent: &str,
+    (start, end, stride): (&str, &str, &str),
+    at: &dyn Fn(&str) -> String,
+    map: &str,
+    op: &str,
+) {
+    let _ = writeln!(src, "{indent}{{ long long k = {start};");
+    let _ = writeln!(
+        src,
+        "{indent}for (; k + {} * ({stride}) < {end}; k += {UNROLL} * ({stride})) {{",
+        UNROLL - 1
+    );
+    let index = |j: usize| {
+        if j == 0 {
+            at("k")
+        } else {
+            at(&format!("(k + {j} * ({stride}))"))
+        }
+    };
+    let loads: Vec<String> = (0..UNROLL)
+        .map(|j| format!("u{j}_ = LOAD_X({})", index(j)))
+        .collect();
+    let _ = writeln!(src, "{indent}    float {};", loads.join(", "));
+    for j in 0..UNROLL {
+        let _ = writeln!(src, "{indent}    {{ float v = u{j}_; u{j}_ = {map}; }}");
+    }
+    for j in 1..UNROLL {
+        let _ = writeln!(
+            src,
+            "{indent}    {{ float a = u0_, b = u{j}_; u0_ = {op}; }}"
+        );
+    }
+    let _ = writeln!(src, "{indent}    {{ {} }}", step("u0_", op));
+    let _ = writeln!(src, "{indent}}}");
+    let _ = writeln!(
+        src,
+        "{indent}for (; k < {end}; k += {stride}) {{ float v = LOAD_X({}); {} }} }}",
+        at("k"),
+        step(map, op)
+    );
+}
+
 /// A compensated (Kahan) sum into `var` of `term`, an expression of `v`,
 /// the input element at `index`, over the loop `header`; each line starts
 /// with `indent`.

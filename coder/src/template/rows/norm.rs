@@ -67,9 +67,18 @@ fn channel_of(kind: &NormKind, shape: &[u64]) -> Result<(u64, u64, String), Refu
         NormKind::Lp { p, dim } if *p == 2.0 && dim + 1 == shape.len() => {
             (shape[..*dim].iter().product(), shape[*dim], "k".into())
         }
+        NormKind::RmsAt { dim } if dim + 1 == shape.len() => {
+            (shape[..*dim].iter().product(), shape[*dim], "k".into())
+        }
+        NormKind::RmsAt { dim } => {
+            return Err(Refusal::new(format!(
+                "an RMS norm along dim {dim} of {} takes a thread per line",
+                shape.len()
+            )));
+        }
         NormKind::Lp { p, dim } => {
             return Err(Refusal::new(format!(
-                "no row kernel yet for F.normalize with p = {p} over dim {dim} of {} (only p = 2 over the last dim)",
+                "no row kernel yet for F.normalize with p = {p} over dim {dim} of {} (only p = 2)",
                 shape.len()
             )));
         }
@@ -114,6 +123,14 @@ pub fn norm(g: &OpGraph, action: &Action, name: &str) -> Result<Fragment, Refusa
     let shape = g.tensor(x).shape.clone();
     if *kind == NormKind::Batch {
         return batch_norm(g, action, name, *eps, *affine, *bias);
+    }
+    // Along a dim with others after it: a thread per line.
+    if let NormKind::RmsAt { dim } | NormKind::Lp { p: 2.0, dim } = *kind
+        && dim + 1 < shape.len()
+        && !affine
+        && !bias
+    {
+        return per_line_norm(g, action, name, (&shape, dim), Stat::of(kind), *eps);
     }
     let (rows, k, channel) = channel_of(kind, &shape)?;
     let stat = Stat::of(kind);
@@ -399,4 +416,76 @@ fn batch_norm(
         sizes: vec![n as i64, c as i64, spatial as i64],
     };
     Ok(one_node(name, action, src, inputs, node, launch))
+}
+
+/// Elements of a line a [`per_line_norm`] thread holds in registers: at
+/// most this many, each read from memory once.
+const LINE_IN_REGISTERS: u64 = 64;
+
+/// An RMS norm or an L2 normalization along `dim` of `shape`, a dim with
+/// others after it (`[outer, K, inner]`, `inner > 1`): a thread per line,
+/// neighbouring threads on neighbouring addresses (every step of a warp
+/// reads 128 contiguous bytes). A line of at most [`LINE_IN_REGISTERS`]
+/// is read once into registers, then written from them; a longer one is
+/// read again to be written. Writes through `STORE_YX`, where a chain
+/// after the norm is fused.
+fn per_line_norm(
+    g: &OpGraph,
+    action: &Action,
+    name: &str,
+    (shape, dim): (&[u64], usize),
+    stat: Stat,
+    eps: f64,
+) -> Result<Fragment, Refusal> {
+    let node = action.nodes()[0];
+    let x = g.inputs(node)[0];
+    let block = one_per_thread(action, "norm")?;
+    let outer: u64 = shape[..dim].iter().product();
+    let k = shape[dim];
+    let inner: u64 = shape[dim + 1..].iter().product();
+    let rstd = stat.rstd("acc", &format!("{k}"), &lit(eps)?);
+    let mut src = String::new();
+    let _ = writeln!(
+        src,
+        "// {name}: {stat:?} norm along [{outer}, {k}, {inner}] (outer, normalized, inner), a thread per line"
+    );
+    super::per_line(&mut src, name, "float");
+    src.push_str("        float acc = 0.0f, c = 0.0f;\n");
+    if k <= LINE_IN_REGISTERS {
+        let _ = writeln!(src, "        float v_[{k}];");
+        let _ = writeln!(
+            src,
+            "        #pragma unroll\n        for (int k = 0; k < {k}; ++k) v_[k] = LOAD_X(base + k * inner);"
+        );
+        let _ = writeln!(
+            src,
+            "        #pragma unroll\n        for (int k = 0; k < {k}; ++k) {{ {} }}",
+            super::step("v_[k] * v_[k]", "a + b")
+        );
+        let _ = writeln!(src, "        const float s = {rstd};");
+        let _ = writeln!(
+            src,
+            "        #pragma unroll\n        for (int k = 0; k < {k}; ++k) STORE_YX(base + k * inner, v_[k] * s, v_[k]);"
+        );
+    } else {
+        super::accumulate(
+            &mut src,
+            "        ",
+            ("0", "K", "1"),
+            &|k| format!("base + {k} * inner"),
+            "v * v",
+            "a + b",
+        );
+        let _ = writeln!(src, "        const float s = {rstd};");
+        src.push_str("        #pragma unroll 4\n        for (long long k = 0; k < K; ++k) { const float v = LOAD_X(base + k * inner); STORE_YX(base + k * inner, v * s, v); }\n");
+    }
+    src.push_str("    }\n}\n");
+    let (grid, sizes) = super::per_line_launch(outer, k, inner, block);
+    let launch = Launch {
+        shared: 0,
+        grid: grid as u32,
+        block,
+        sizes,
+    };
+    Ok(one_node(name, action, src, vec![x], node, launch))
 }

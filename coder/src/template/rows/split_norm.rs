@@ -35,7 +35,8 @@ pub(super) fn norm_splits(groups: u64, count: u64, block: u32) -> Option<u64> {
 /// squared deviations is the chunks' own plus each chunk's count times its
 /// mean's squared distance from the group's) into the group's mean and
 /// 1/std. The normalizing launch reads the chunk again and writes it: three
-/// passes over memory in all. [`SplitNorm::team_source`] does the same in one
+/// passes over memory in all. Blocks go chunk by chunk across the groups,
+/// the normalizing launch in reverse (see [`SplitNorm::fragment`]). [`SplitNorm::team_source`] does the same in one
 /// launch, one read and one write, when the team of blocks is small enough.
 pub(super) struct SplitNorm {
     /// What it computes, for the comment.
@@ -290,16 +291,23 @@ impl SplitNorm {
         let _ = writeln!(src, "__device__ float {name}_stat[{}];", 2 * groups);
         let _ = writeln!(src, "__device__ unsigned int {name}_done[{groups}];");
         let _ = writeln!(src, "#define {name}_PER {per}");
-        let chunk = format!(
-            "    const long long r = blockIdx.x / splits, part = blockIdx.x % splits;\n    const long long chunk = {name}_PER * (long long)blockDim.x;\n    const long long lo = part * chunk, hi = min(count, lo + chunk);\n"
-        );
+        // Chunk-major order: the blocks of one chunk index of every group
+        // run together, so a scale and shift shared by the groups (a layer
+        // norm's) are read from memory once; the normalizing launch goes in
+        // the reverse order, so that it starts on the chunks the statistics
+        // launch read last, still in L2.
+        let chunk = |order: &str| {
+            format!(
+                "    const long long b_ = {order};\n    const long long r = b_ % groups, part = b_ / groups;\n    const long long chunk = {name}_PER * (long long)blockDim.x;\n    const long long lo = part * chunk, hi = min(count, lo + chunk);\n"
+            )
+        };
         let each = format!(
             "        #pragma unroll\n        for (int i = 0; i < {name}_PER; ++i) {{ const long long k = lo + (long long)i * blockDim.x + threadIdx.x;"
         );
         // The statistics launch.
         let _ = writeln!(src, "extern \"C\" __global__ void {stats}({params}) {{");
         src.push_str("    __shared__ float shared[32];\n    __shared__ bool last;\n");
-        src.push_str(&chunk);
+        src.push_str(&chunk("blockIdx.x"));
         src.push_str("    {\n");
         let _ = writeln!(src, "        float v_[{name}_PER];");
         // RMS norm: no centering, so no sum.
@@ -327,7 +335,7 @@ impl SplitNorm {
         block_reduce(&mut src, "squares", "a + b", "0.0f");
         let _ = writeln!(
             src,
-            "        if (threadIdx.x == 0) {{\n            {name}_part[2 * blockIdx.x] = mean; {name}_part[2 * blockIdx.x + 1] = squares;\n            __threadfence();\n            last = atomicAdd(&{name}_done[r], 1u) == (unsigned int)(splits - 1);\n        }}\n        __syncthreads();\n    }}"
+            "        if (threadIdx.x == 0) {{\n            {name}_part[2 * (r * splits + part)] = mean; {name}_part[2 * (r * splits + part) + 1] = squares;\n            __threadfence();\n            last = atomicAdd(&{name}_done[r], 1u) == (unsigned int)(splits - 1);\n        }}\n        __syncthreads();\n    }}"
         );
         // The last block of the group combines the chunks' statistics.
         src.push_str("    if (!last) return;\n    __threadfence();\n    {\n");
@@ -351,7 +359,7 @@ impl SplitNorm {
         );
         // The normalizing launch.
         let _ = writeln!(src, "extern \"C\" __global__ void {name}({params}) {{");
-        src.push_str(&chunk);
+        src.push_str(&chunk("(long long)gridDim.x - 1 - blockIdx.x"));
         let _ = writeln!(
             src,
             "    const float mean = {name}_stat[2 * r], rstd = {name}_stat[2 * r + 1];"

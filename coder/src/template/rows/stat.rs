@@ -20,7 +20,7 @@ impl Stat {
     /// The statistic of a norm of `kind`.
     pub(super) fn of(kind: &NormKind) -> Stat {
         match kind {
-            NormKind::Rms { .. } => Stat::Rms,
+            NormKind::Rms { .. } | NormKind::RmsAt { .. } => Stat::Rms,
             NormKind::Lp { .. } => Stat::Length,
             _ => Stat::Deviation,
         }

@@ -77,7 +77,10 @@ pub(super) fn norm(
             shape[2..].iter().product(),
             format!("r % {} + kk * 0", shape[1]),
         ),
-        NormKind::Lp { p, dim } if (*p == 1.0 || *p == 2.0) && *dim < shape.len() => {
+        NormKind::Lp { dim, .. } | NormKind::RmsAt { dim }
+            if !matches!(kind, NormKind::Lp { p, .. } if *p != 1.0 && *p != 2.0)
+                && *dim < shape.len() =>
+        {
             inner = shape[dim + 1..].iter().product::<u64>();
             (
                 shape[..*dim].iter().product::<u64>() * inner,
@@ -110,7 +113,7 @@ pub(super) fn norm(
             },
         ),
         _ => (
-            matches!(kind, NormKind::Rms { .. }),
+            matches!(kind, NormKind::Rms { .. } | NormKind::RmsAt { .. }),
             "d * d",
             format!("1.0 / tl.sqrt_rn(SUM / K + {eps})"),
         ),
